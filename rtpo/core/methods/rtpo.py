@@ -1,0 +1,151 @@
+"""RTPO, Algorithm 1 (§3, E.1): trunk rollout, then reverse-order per-turn phases with on-policy siblings.
+
+For k = K−1 down to 0: synchronise the sampler to the current θ (θ_{>k}); fork G−1 siblings from every
+trunk boundary at turn k and continue each to the end under π_{θ>k}; advantage A^H_{j,k} = R_j − V̂_k
+with V̂_k the siblings' mean return (Eq. 7, 52); PPO on the siblings' turn-k tokens only (Eq. 6, 80).
+The trunk gets no gradient and is in no baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rtpo.core import estimators
+from rtpo.core.loss import LossConfig
+from rtpo.core.methods.base import IterationState, Method, RunContext, register_method
+from rtpo.core.rollout import rollout
+from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
+from rtpo.core.types import ReverseTree
+
+
+@dataclass(frozen=True)
+class RTPOConfig:
+    """RTPO's settings (E.3 defaults where the paper gives them).
+
+    G:                group size; each boundary gets G−1 on-policy siblings (G ≥ 2; G = 2 is degenerate).
+    trunks_per_query: trunks sampled per query (E.3: 4 for math, 2 for search).
+    epochs:           PPO epochs E per phase.
+    minibatch_size:   sequences per optimiser step; None = the whole phase batch in one step.
+    clip_eps:         ε of Eq. 6.
+    clip_eps_high:    optional asymmetric upper clip.
+    estimator:        registered advantage estimator applied to each sibling group.
+    kl_coef:          k3 KL penalty to the reference (initial) policy (E.3: 0.02); 0 = off.
+    log_ratio_clip:   |log ρ| clamp before exp (E.3: 10).
+    drop_zero_groups: leave groups whose siblings all tie (every A = 0) out of the update.
+    """
+
+    G: int = 4
+    trunks_per_query: int = 1
+    epochs: int = 1
+    minibatch_size: int | None = None
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    estimator: str = "sibling_mean"
+    kl_coef: float = 0.0
+    log_ratio_clip: float | None = 10.0
+    drop_zero_groups: bool = False
+
+    def __post_init__(self) -> None:
+        if self.G < 2:
+            raise ValueError(f"G must be >= 2 (G-1 >= 1 siblings), got {self.G}")
+        if self.trunks_per_query < 1:
+            raise ValueError("trunks_per_query must be >= 1")
+        if self.epochs < 1:
+            raise ValueError("epochs must be >= 1")
+        if self.minibatch_size is not None and self.minibatch_size < 1:
+            raise ValueError("minibatch_size must be >= 1")
+        estimators.get(self.estimator)  # unknown names fail here, listing the valid ones
+
+    def loss(self) -> LossConfig:
+        return LossConfig(
+            clip_eps=self.clip_eps, clip_eps_high=self.clip_eps_high, ratio="token",
+            aggregation="seq-mean-token-mean", log_ratio_clip=self.log_ratio_clip, kl_coef=self.kl_coef,
+        )
+
+
+@dataclass
+class RTPOIteration:
+    tree: ReverseTree
+    trunk_metrics: dict
+
+
+@register_method("rtpo")
+class RTPO(Method):
+    Config = RTPOConfig
+
+    # -- schedule hooks (variants override these, the algorithm body stays one) --------------------
+    def should_sync(self, k: int, state: IterationState) -> bool:
+        """On-policy RTPO pushes θ_{>k} to the sampler before every phase (Algorithm 1 step 2.1)."""
+        return True
+
+    def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
+        ctx.sync()  # trunks are sampled under the current θ (θ_0 of this iteration)
+        q = np.repeat(np.asarray(query_ids, dtype=np.int64), self.cfg.trunks_per_query)
+        res = rollout(ctx.env, ctx.sampler, ctx.env.reset(q, ctx.rng), q, ctx.rng, record_boundaries=True)
+        ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+        num_turns = ctx.env.num_turns
+        per_turn: list[list] = [[] for _ in range(num_turns)]
+        for row in res.boundaries:
+            for b in row:
+                per_turn[b.k].append(b)
+        tree = ReverseTree(tuple(res.trajectories), tuple(tuple(r) for r in per_turn))
+        trunk_returns = np.array([t.ret for t in res.trajectories])
+        metrics = {
+            "trunk/return_mean": float(trunk_returns.mean()),
+            "trunk/turns_mean": float(np.mean([t.num_turns for t in res.trajectories])),
+            "trunk/malformed_rate": float(np.mean([t.malformed.mean() for t in res.trajectories])),
+        }
+        return IterationState(pending=list(range(num_turns - 1, -1, -1)), data=RTPOIteration(tree, metrics))
+
+    def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
+        k = state.pending.pop(0)
+        data: RTPOIteration = state.data
+        metrics: dict[str, float] = {"phase/turn": float(k)}
+        if state.done_phases == 0:
+            metrics.update(data.trunk_metrics)
+        state.done_phases += 1
+        if self.should_sync(k, state):
+            ctx.sync()
+            metrics["phase/synced"] = 1.0
+        else:
+            metrics["phase/synced"] = 0.0
+        bounds = data.tree.boundaries[k]
+        metrics["phase/boundaries"] = float(len(bounds))
+        if not bounds:
+            return metrics
+        n = self.cfg.G - 1
+        trunk_q = np.array([data.tree.trunks[b.trunk].query_id for b in bounds], dtype=np.int64)
+        res = rollout(ctx.env, ctx.sampler, ctx.env.restore([b.snapshot for b in bounds]), trunk_q, ctx.rng, n=n)
+        ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+        sibs = res.trajectories
+        for i, s in enumerate(sibs):  # the sibling must see exactly the trunk's recorded c_k
+            if not np.array_equal(s.contexts[0], bounds[i // n].context):
+                raise RuntimeError(f"sibling context differs from the recorded c_{k}: snapshot/restore is not exact")
+        returns = np.array([s.ret for s in sibs]).reshape(len(bounds), n)
+        adv = estimators.get(self.cfg.estimator)(returns)
+        zero = estimators.zero_advantage_mask(returns)
+        metrics.update(self.advantage_metrics(returns, adv, zero))
+        rows = np.arange(len(sibs))
+        if self.cfg.drop_zero_groups:
+            rows = rows[~np.repeat(zero, n)]
+        if rows.size == 0:
+            return metrics
+        batch = turn_rows([sibs[i] for i in rows], np.zeros(rows.size, np.int64), adv.reshape(-1)[rows])
+        metrics.update(rollout_train_ratio(ctx.learner, batch))
+        metrics.update(ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng))
+        return metrics
+
+    @staticmethod
+    def advantage_metrics(returns: np.ndarray, adv: np.ndarray, zero: np.ndarray) -> dict[str, float]:
+        return {
+            "return/mean": float(returns.mean()),
+            "adv/zero_rate": float(zero.mean()),
+            "adv/abs_mean": float(np.abs(adv).mean()),
+            "adv/value_std_across_boundaries": float(returns.mean(axis=1).std()),
+        }
+
+    def rollouts_per_query(self, num_turns: int) -> float:
+        """Upper bound: trunks + (G−1) siblings at every boundary, if every trunk reaches every turn."""
+        return self.cfg.trunks_per_query * (1 + (self.cfg.G - 1) * num_turns)

@@ -1,0 +1,121 @@
+"""The batched multi-turn rollout driver: from fresh queries or from boundary snapshots to episode end.
+
+One call runs every episode of a batch turn by turn: at each step one Sampler.generate over all live
+episodes, one Environment.step, and finished episodes drop out.  Records are kept column-wise per
+step and assembled into Trajectories once at the end, so the per-turn cost is array work, not a
+Python loop over episodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rtpo.core.protocols import Environment, Sampler
+from rtpo.core.types import Boundary, Ragged, Trajectory
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """trajectories[i] is episode i (after the n-fold expansion of the first step, row-major).
+
+    boundaries[i][j] is the boundary before turn start_turn+j of episode i (only when recorded).
+    tokens: number of response tokens generated; turns: number of turns generated.
+    """
+
+    trajectories: list[Trajectory]
+    boundaries: list[list[Boundary]] | None
+    tokens: int
+    turns: int
+
+
+def rollout(
+    env: Environment,
+    sampler: Sampler,
+    episodes: Any,
+    query_ids: np.ndarray,
+    rng: np.random.Generator,
+    n: int = 1,
+    record_boundaries: bool = False,
+) -> RolloutResult:
+    """Run `episodes` (B live episodes at their current boundaries) to the end.
+
+    n > 1 samples n responses per episode at the first step (one generate call with n samples per
+    context: vLLM shares the prompt's prefix cache) and forks the episode n ways, giving B·n results.
+    """
+    query_ids = np.asarray(query_ids, dtype=np.int64)
+    num = len(query_ids) * n
+    live = np.arange(num, dtype=np.int64)  # episode id of every live row
+    start_turn = np.asarray(env.turn_index(episodes), dtype=np.int64)
+    if n > 1:
+        start_turn = np.repeat(start_turn, n)
+    steps: list[dict[str, Any]] = []
+    first = True
+    while live.size:
+        contexts = env.contexts(episodes)
+        turn = np.asarray(env.turn_index(episodes), dtype=np.int64)
+        snaps = env.snapshot(episodes) if record_boundaries else None
+        if first and n > 1:
+            gen = sampler.generate(contexts, turn, n, rng)
+            rep = np.repeat(np.arange(len(contexts)), n)
+            episodes = env.take(episodes, rep)
+            contexts = contexts.take(rep)
+            turn = turn[rep]
+            if snaps is not None:
+                snaps = [snaps[i] for i in rep]
+        else:
+            gen = sampler.generate(contexts, turn, 1, rng)
+        first = False
+        episodes, out = env.step(episodes, gen, rng)
+        steps.append(
+            dict(ids=live, turn=turn, contexts=contexts, tokens=gen.tokens, logp=gen.logp,
+                 reward=np.asarray(out.reward, np.float64), duration=np.asarray(out.duration, np.float64),
+                 malformed=np.asarray(out.malformed, bool), snaps=snaps)
+        )
+        keep = np.flatnonzero(~np.asarray(out.done, bool))
+        if keep.size < live.size:
+            episodes = env.take(episodes, keep)
+            live = live[keep]
+    return _assemble(steps, num, np.repeat(query_ids, n), start_turn, env.gamma, record_boundaries)
+
+
+def _assemble(steps, num, query_ids, start_turn, gamma, record_boundaries) -> RolloutResult:
+    ids = np.concatenate([s["ids"] for s in steps])
+    order = np.argsort(ids, kind="stable")  # steps are in time order, so each episode stays ordered
+    ids_sorted = ids[order]
+    counts = np.bincount(ids_sorted, minlength=num)
+    bounds = np.zeros(num + 1, dtype=np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    contexts = Ragged.concat([s["contexts"] for s in steps]).take(order)
+    tokens = Ragged.concat([s["tokens"] for s in steps]).take(order)
+    logp = Ragged.concat([s["logp"] for s in steps]).take(order)
+    turn = np.concatenate([s["turn"] for s in steps])[order]
+    reward = np.concatenate([s["reward"] for s in steps])[order]
+    duration = np.concatenate([s["duration"] for s in steps])[order]
+    malformed = np.concatenate([s["malformed"] for s in steps])[order]
+    snaps = None
+    if record_boundaries:
+        flat_snaps = [x for s in steps for x in s["snaps"]]
+        snaps = [flat_snaps[i] for i in order]
+
+    trajectories: list[Trajectory] = []
+    boundaries: list[list[Boundary]] | None = [] if record_boundaries else None
+    for e in range(num):
+        lo, hi = int(bounds[e]), int(bounds[e + 1])
+        sl = np.arange(lo, hi)
+        if not np.array_equal(turn[sl], np.arange(start_turn[e], start_turn[e] + hi - lo)):
+            raise RuntimeError("environment turn index did not advance by one per step")
+        trajectories.append(
+            Trajectory(
+                contexts=contexts.take(sl), tokens=tokens.take(sl), logp=logp.take(sl),
+                rewards=reward[lo:hi], durations=duration[lo:hi], malformed=malformed[lo:hi],
+                query_id=int(query_ids[e]), start_turn=int(start_turn[e]), gamma=gamma,
+            )
+        )
+        if boundaries is not None:
+            boundaries.append(
+                [Boundary(trunk=e, k=int(turn[i]), snapshot=snaps[i], context=contexts[i]) for i in range(lo, hi)]
+            )
+    return RolloutResult(trajectories, boundaries, tokens=int(tokens.values.size), turns=int(ids.size))

@@ -1,0 +1,84 @@
+"""Turning sibling groups into TurnBatches, and the PPO epoch/minibatch loop over a Learner."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from rtpo.core.loss import LossConfig
+from rtpo.core.protocols import Learner
+from rtpo.core.types import Ragged, TurnBatch, Trajectory
+
+
+def turn_rows(
+    trajectories: Sequence[Trajectory],
+    turn_offset: Sequence[int] | np.ndarray,
+    advantages: np.ndarray,
+    seq_id: np.ndarray | None = None,
+    weight: np.ndarray | None = None,
+) -> TurnBatch:
+    """One row per trajectory: its response at local turn index turn_offset[i], trained on the context
+    recorded at rollout (Eq. 5, 18: RTPO trains on the same c_k it sampled from).
+
+    advantages: (B,) one advantage per row, repeated over the row's tokens.
+    """
+    b = len(trajectories)
+    turn_offset = np.asarray(turn_offset, dtype=np.int64)
+    advantages = np.asarray(advantages, dtype=np.float64).reshape(b)
+    contexts = [t.contexts[int(j)] for t, j in zip(trajectories, turn_offset)]
+    tokens = [t.tokens[int(j)] for t, j in zip(trajectories, turn_offset)]
+    logp = [t.logp[int(j)] for t, j in zip(trajectories, turn_offset)]
+    tok = Ragged.from_rows(tokens, dtype=np.int64)
+    return TurnBatch(
+        contexts=Ragged.from_rows(contexts, dtype=np.int64),
+        tokens=tok,
+        old_logp=Ragged.from_rows(logp, dtype=np.float64),
+        advantages=Ragged(np.repeat(advantages, tok.lengths), tok.offsets),
+        seq_id=np.arange(b, dtype=np.int64) if seq_id is None else seq_id,
+        weight=np.ones(b) if weight is None else weight,
+        turn=np.array([t.start_turn + int(j) for t, j in zip(trajectories, turn_offset)], dtype=np.int64),
+    )
+
+
+def rollout_train_ratio(learner: Learner, batch: TurnBatch) -> dict[str, float]:
+    """The paper's rollout/train consistency metric (§4.2): the geometric-mean ratio
+    exp(mean_t [log π_train(a_t|c) − log π_rollout(a_t|c)]) over the batch's tokens, at θ = θ_old,
+    plus the mean absolute log-ratio and a k3 estimate of KL(π_rollout || π_train)."""
+    train = learner.logprobs(batch).values
+    d = train - batch.old_logp.values
+    return {
+        "consistency/rollout_train_ratio": float(np.exp(d.mean())) if d.size else 1.0,
+        "consistency/abs_log_ratio": float(np.abs(d).mean()) if d.size else 0.0,
+        "consistency/kl_rollout_train": float(np.mean(np.exp(d) - 1.0 - d)) if d.size else 0.0,
+    }
+
+
+def ppo_update(
+    learner: Learner,
+    batch: TurnBatch,
+    loss: LossConfig,
+    epochs: int,
+    minibatch_size: int | None,
+    rng: np.random.Generator,
+) -> dict[str, float]:
+    """E epochs over shuffled minibatches (Algorithm 1 step 2.4).  Minibatches split by sequence, so a
+    multi-row sequence is never cut.  Returns the metrics averaged over all steps."""
+    if epochs < 1:
+        raise ValueError("epochs must be >= 1")
+    seqs = np.unique(batch.seq_id)
+    size = len(seqs) if not minibatch_size else int(minibatch_size)
+    sums: dict[str, float] = {}
+    steps = 0
+    for _ in range(epochs):
+        perm = rng.permutation(seqs)
+        for lo in range(0, len(perm), size):
+            chosen = perm[lo : lo + size]
+            rows = np.flatnonzero(np.isin(batch.seq_id, chosen))
+            metrics = learner.train_step(batch.take(rows), loss)
+            for key, v in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(v)
+            steps += 1
+    out = {k: v / steps for k, v in sums.items()}
+    out["train/steps"] = float(steps)
+    return out

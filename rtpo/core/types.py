@@ -1,0 +1,369 @@
+"""Typed data that crosses module boundaries: ragged arrays, turns, trajectories, boundaries, batches.
+
+Notation follows SPEC §1 / the paper's §3: an episode is a prompt q followed by turns k = 0..K-1; at
+boundary k the model sees the context c_k = ψ(S_k) and emits a response (macro-action u_k) realised as
+tokens a_{k,1..T_k}; the environment answers with feedback f_k and a reward r_k and the turn consumes
+τ_k discount steps.  Everything here is a frozen dataclass of numpy arrays whose invariants are checked
+on construction; nothing hands out a mutable view of its internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    if a.flags.writeable:
+        a = a.copy()
+        a.flags.writeable = False
+    return a
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """A batch of variable-length 1-D rows stored flat.
+
+    values:  (N,) the rows concatenated.
+    offsets: (B+1,) int64, offsets[0] == 0, non-decreasing, offsets[-1] == N; row i is
+             values[offsets[i]:offsets[i+1]].
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+    def __post_init__(self) -> None:
+        values = _frozen(self.values)
+        offsets = _frozen(np.asarray(self.offsets, dtype=np.int64))
+        if values.ndim != 1:
+            raise ValueError(f"Ragged.values must be 1-D, got shape {values.shape}")
+        if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0:
+            raise ValueError("Ragged.offsets must be 1-D and start at 0")
+        if offsets[-1] != values.size or np.any(np.diff(offsets) < 0):
+            raise ValueError("Ragged.offsets must be non-decreasing and end at len(values)")
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "offsets", offsets)
+
+    @staticmethod
+    def from_rows(rows: Sequence[np.ndarray], dtype: Any = None) -> "Ragged":
+        rows = [np.asarray(r).reshape(-1) for r in rows]
+        lengths = np.fromiter((r.size for r in rows), dtype=np.int64, count=len(rows))
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if rows:
+            values = np.concatenate(rows)
+        else:
+            values = np.zeros(0)
+        if dtype is not None:
+            values = values.astype(dtype, copy=False)
+        return Ragged(values, offsets)
+
+    @staticmethod
+    def from_dense(rows: np.ndarray) -> "Ragged":
+        """Equal-length rows (B, L) -> Ragged without a Python loop."""
+        rows = np.asarray(rows)
+        b, length = rows.shape
+        return Ragged(rows.reshape(-1), np.arange(b + 1, dtype=np.int64) * length)
+
+    def __len__(self) -> int:
+        return self.offsets.size - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(len(self)):
+            yield self[i]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def take(self, idx: np.ndarray) -> "Ragged":
+        """Rows idx (any order, repeats allowed), vectorised."""
+        idx = np.asarray(idx, dtype=np.int64)
+        lengths = self.lengths[idx]
+        offsets = np.zeros(idx.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        starts = self.offsets[idx]
+        # position of every output element inside self.values
+        src = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return Ragged(self.values[src], offsets)
+
+    def is_uniform(self, length: int) -> bool:
+        return bool(np.all(self.lengths == length))
+
+    def to_dense(self, pad: float | int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(B, L_max) padded values and (B, L_max) bool mask."""
+        lengths = self.lengths
+        width = int(lengths.max()) if lengths.size else 0
+        out = np.full((len(self), width), pad, dtype=self.values.dtype)
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        out[mask] = self.values
+        return out, mask
+
+    @staticmethod
+    def concat(parts: Sequence["Ragged"]) -> "Ragged":
+        parts = list(parts)
+        if not parts:
+            return Ragged(np.zeros(0), np.zeros(1, dtype=np.int64))
+        values = np.concatenate([p.values for p in parts])
+        offs = [parts[0].offsets]
+        base = parts[0].offsets[-1]
+        for p in parts[1:]:
+            offs.append(p.offsets[1:] + base)
+            base += p.offsets[-1]
+        return Ragged(values, np.concatenate(offs))
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a Sampler returns for a batch of B contexts: one response per row.
+
+    tokens: Ragged of int64 token ids (for the tabular backend one token: the action index).
+    logp:   Ragged of float64, the sampler's log-probability of each token, same offsets as tokens.
+    """
+
+    tokens: Ragged
+    logp: Ragged
+
+    def __post_init__(self) -> None:
+        if not np.array_equal(self.tokens.offsets, self.logp.offsets):
+            raise ValueError("Generation.tokens and .logp must have identical offsets")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def take(self, idx: np.ndarray) -> "Generation":
+        return Generation(self.tokens.take(idx), self.logp.take(idx))
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """The environment's answer to one turn of B episodes.
+
+    reward:   (B,) r_k.
+    duration: (B,) τ_k, discount steps consumed by the turn (Eq. 19: τ_k = T_k tokens).
+    done:     (B,) bool, the episode ended with this turn (an answer, or the last turn K-1).
+    feedback: length-B list of f_k (text, token ids, or None); opaque to the core.
+    malformed: (B,) bool, the response could not be parsed (feedback, never a crash).
+    """
+
+    reward: np.ndarray
+    duration: np.ndarray
+    done: np.ndarray
+    feedback: list
+    malformed: np.ndarray
+
+    def __post_init__(self) -> None:
+        b = np.asarray(self.reward).shape[0]
+        for name in ("duration", "done", "malformed"):
+            if np.asarray(getattr(self, name)).shape != (b,):
+                raise ValueError(f"StepOutcome.{name} must have shape ({b},)")
+        if len(self.feedback) != b:
+            raise ValueError(f"StepOutcome.feedback must have {b} entries")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode (or the tail of one, for a sibling started at boundary `start_turn`).
+
+    contexts:  Ragged, row j is c_{k0+j} exactly as the model saw it at rollout (token ids).
+    tokens:    Ragged, row j is the response of turn k0+j.
+    logp:      Ragged, the rollout (old) log-probs of those tokens.
+    rewards:   (n,) r_{k0+j}.
+    durations: (n,) τ_{k0+j}.
+    malformed: (n,) bool.
+    query_id:  the query (prompt) index.
+    start_turn: k0; 0 for a trunk, k for a sibling forked at boundary k.
+    gamma:     per-token-step discount.
+    """
+
+    contexts: Ragged
+    tokens: Ragged
+    logp: Ragged
+    rewards: np.ndarray
+    durations: np.ndarray
+    malformed: np.ndarray
+    query_id: int
+    start_turn: int
+    gamma: float = 1.0
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if len(self.contexts) != n or len(self.logp) != n:
+            raise ValueError("Trajectory contexts/tokens/logp must have one row per turn")
+        for name in ("rewards", "durations", "malformed"):
+            arr = _frozen(np.asarray(getattr(self, name)))
+            if arr.shape != (n,):
+                raise ValueError(f"Trajectory.{name} must have shape ({n},), got {arr.shape}")
+            object.__setattr__(self, name, arr)
+        if n == 0:
+            raise ValueError("a Trajectory has at least one turn")
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def end_turn(self) -> int:
+        """Index of the last turn taken (inclusive)."""
+        return self.start_turn + self.num_turns - 1
+
+    @property
+    def ret(self) -> float:
+        """R = Σ_j γ^{Σ_{m<j} τ_m} r_j from start_turn on (SPEC §1, Eq. 19)."""
+        return discounted_return(self.rewards, self.durations, self.gamma)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.values.size)
+
+
+def discounted_return(rewards: np.ndarray, durations: np.ndarray, gamma: float) -> float:
+    """R = Σ_j γ^{Σ_{m<j} τ_m} r_j (SPEC §1; the turn-level discount of Eq. 19-20)."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    if gamma == 1.0:
+        return float(rewards.sum())
+    elapsed = np.concatenate([[0.0], np.cumsum(durations, dtype=np.float64)[:-1]])
+    return float(np.sum(rewards * gamma**elapsed))
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Boundary k of a trunk: where siblings fork (Algorithm 1, line "restore snap_k").
+
+    trunk:    index of the trunk in its ReverseTree.
+    k:        turn index; the siblings generate turn k.
+    snapshot: the environment's snapshot of S_k (opaque, picklable; forking must not re-run the trunk).
+    context:  c_k = ψ(S_k) as recorded at trunk rollout.
+    """
+
+    trunk: int
+    k: int
+    snapshot: Any
+    context: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "context", _frozen(self.context))
+        if self.k < 0:
+            raise ValueError("Boundary.k must be >= 0")
+
+
+@dataclass(frozen=True)
+class SiblingGroup:
+    """The G-1 on-policy siblings forked at one boundary (Algorithm 1 step 2.2).
+
+    siblings[j] starts at boundary.k; returns[j] = R_j, the return from turn k on.
+    """
+
+    boundary: Boundary
+    siblings: tuple[Trajectory, ...]
+    returns: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        for s in self.siblings:
+            if s.start_turn != self.boundary.k:
+                raise ValueError("a sibling's start_turn must equal its boundary's k")
+        rets = np.array([s.ret for s in self.siblings], dtype=np.float64)
+        if self.returns is not None and not np.allclose(self.returns, rets):
+            raise ValueError("SiblingGroup.returns disagrees with the siblings' returns")
+        object.__setattr__(self, "returns", _frozen(rets))
+
+
+@dataclass(frozen=True)
+class ReverseTree:
+    """Trunks of one iteration and their boundaries, indexed by turn.
+
+    trunks:     the complete θ0 trajectories (no gradient, not in any baseline).
+    boundaries: boundaries[k] lists every trunk boundary at turn k (only trunks that reached k).
+    """
+
+    trunks: tuple[Trajectory, ...]
+    boundaries: tuple[tuple[Boundary, ...], ...]
+
+    def __post_init__(self) -> None:
+        for k, row in enumerate(self.boundaries):
+            for b in row:
+                if b.k != k:
+                    raise ValueError(f"boundary of turn {b.k} filed under turn {k}")
+                if not (0 <= b.trunk < len(self.trunks)):
+                    raise ValueError("boundary names a trunk that does not exist")
+                if self.trunks[b.trunk].end_turn < k:
+                    raise ValueError("boundary at a turn its trunk never reached")
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.boundaries)
+
+
+@dataclass(frozen=True)
+class TurnBatch:
+    """The learner's only input: B rows, each one response in the context it is trained on.
+
+    contexts:   Ragged (B rows) token ids of the training context (RTPO: exactly c_k from rollout).
+    tokens:     Ragged (B rows) response token ids; gradient flows only through these (Eq. 80).
+    old_logp:   Ragged, rollout log-probs of tokens (π_old, Eq. 6 denominator).
+    advantages: Ragged, per-token advantage (most methods repeat one value per row).
+    seq_id:     (B,) int64; rows with the same id are one sequence for sequence-level ratios and
+                sequence-mean aggregation (GRPO's flattened multi-turn trajectory = several rows).
+    weight:     (B,) float64 per-row multiplier (importance weights, SeeUPO's M), 1 by default.
+    turn:       (B,) int64, the turn index k of each row (metrics only).
+    """
+
+    contexts: Ragged
+    tokens: Ragged
+    old_logp: Ragged
+    advantages: Ragged
+    seq_id: np.ndarray
+    weight: np.ndarray
+    turn: np.ndarray
+
+    def __post_init__(self) -> None:
+        b = len(self.tokens)
+        if len(self.contexts) != b:
+            raise ValueError("TurnBatch.contexts must have one row per response")
+        for name in ("old_logp", "advantages"):
+            if not np.array_equal(getattr(self, name).offsets, self.tokens.offsets):
+                raise ValueError(f"TurnBatch.{name} must align token-for-token with tokens")
+        for name, dtype in (("seq_id", np.int64), ("weight", np.float64), ("turn", np.int64)):
+            arr = _frozen(np.asarray(getattr(self, name), dtype=dtype))
+            if arr.shape != (b,):
+                raise ValueError(f"TurnBatch.{name} must have shape ({b},), got {arr.shape}")
+            object.__setattr__(self, name, arr)
+        if np.any(self.tokens.lengths == 0):
+            raise ValueError("TurnBatch rows must hold at least one response token")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.values.size)
+
+    def take(self, idx: np.ndarray) -> "TurnBatch":
+        idx = np.asarray(idx, dtype=np.int64)
+        return TurnBatch(
+            contexts=self.contexts.take(idx),
+            tokens=self.tokens.take(idx),
+            old_logp=self.old_logp.take(idx),
+            advantages=self.advantages.take(idx),
+            seq_id=self.seq_id[idx],
+            weight=self.weight[idx],
+            turn=self.turn[idx],
+        )
+
+    @staticmethod
+    def concat(parts: Sequence["TurnBatch"]) -> "TurnBatch":
+        return TurnBatch(
+            contexts=Ragged.concat([p.contexts for p in parts]),
+            tokens=Ragged.concat([p.tokens for p in parts]),
+            old_logp=Ragged.concat([p.old_logp for p in parts]),
+            advantages=Ragged.concat([p.advantages for p in parts]),
+            seq_id=np.concatenate([p.seq_id for p in parts]),
+            weight=np.concatenate([p.weight for p in parts]),
+            turn=np.concatenate([p.turn for p in parts]),
+        )

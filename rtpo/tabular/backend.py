@@ -1,0 +1,208 @@
+"""The tabular backend: the core's Environment, Sampler and Learner protocols on a TurnMDP.
+
+Everything is vectorised over the batch: episodes are two int arrays (turn, global state index), a
+context is the token pair (k, ψ_k(s)), a response is one token (the macro-action's index).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
+from rtpo.core.types import Generation, Ragged, StepOutcome, TurnBatch
+from rtpo.tabular.mdp import TurnMDP
+from rtpo.tabular.policy import TabularPolicy
+from rtpo.tabular.solve import evaluate, solve, uniform_policy
+
+
+@dataclass(frozen=True)
+class TabularEpisodes:
+    """B live episodes: turn (B,) and state (B,) in the MDP's flat state numbering."""
+
+    turn: np.ndarray
+    state: np.ndarray
+
+
+class TabularEnv:
+    """Environment protocol over a TurnMDP; snapshots are (k, state) int pairs, so forking is O(1)."""
+
+    def __init__(self, mdp: TurnMDP) -> None:
+        self.mdp = mdp
+        self.num_turns = mdp.num_turns
+        self.gamma = mdp.gamma
+        off = mdp.state_offset
+        K, A = mdp.num_turns, mdp.num_actions
+        B = max(p.shape[-1] for p in mdp.prob)
+        total = int(off[-1])
+        self._psi = np.concatenate(mdp.psi)
+        self._reward = np.concatenate(mdp.reward)
+        self._tau = np.concatenate(mdp.tau)
+        self._succ = np.zeros((total, A, B), dtype=np.int64)
+        self._cum = np.ones((total, A, B))
+        self._ends = np.zeros((total, A), dtype=bool)
+        self._turn_of = np.repeat(np.arange(K), mdp.num_states)
+        for k in range(K):
+            lo, hi, b = off[k], off[k + 1], mdp.prob[k].shape[-1]
+            nxt = off[k + 1] if k + 1 < K else 0
+            self._succ[lo:hi, :, :b] = mdp.succ[k] + nxt
+            self._cum[lo:hi, :, :b] = np.cumsum(mdp.prob[k], axis=-1)
+            self._ends[lo:hi] = mdp.prob[k].sum(axis=-1) <= 0.0
+            if b < B:
+                self._succ[lo:hi, :, b:] = self._succ[lo:hi, :, b - 1 : b]
+
+    def reset(self, query_ids: np.ndarray, rng: np.random.Generator) -> TabularEpisodes:
+        n = len(query_ids)
+        s0 = np.searchsorted(np.cumsum(self.mdp.init), rng.random(n), side="right")
+        s0 = np.minimum(s0, self.mdp.num_states[0] - 1)
+        return TabularEpisodes(np.zeros(n, dtype=np.int64), s0.astype(np.int64))
+
+    def contexts(self, ep: TabularEpisodes) -> Ragged:
+        return Ragged.from_dense(np.stack([ep.turn, self._psi[ep.state]], axis=1))
+
+    def turn_index(self, ep: TabularEpisodes) -> np.ndarray:
+        return ep.turn
+
+    def step(self, ep: TabularEpisodes, gen: Generation, rng: np.random.Generator) -> tuple[TabularEpisodes, StepOutcome]:
+        n = ep.turn.size
+        A = self.mdp.num_actions
+        a = np.zeros(n, dtype=np.int64)
+        lengths = gen.tokens.lengths
+        first = gen.tokens.values[np.minimum(gen.tokens.offsets[:-1], max(gen.tokens.values.size - 1, 0))] if n else a
+        malformed = (lengths != 1) | (first < 0) | (first >= A)
+        a[~malformed] = first[~malformed]
+        s = ep.state
+        reward = self._reward[s, a].copy()
+        if self.mdp.bernoulli_rewards:
+            reward = (rng.random(n) < reward).astype(np.float64)
+        u = rng.random(n)
+        idx = np.minimum((self._cum[s, a] <= u[:, None]).sum(axis=1), self._succ.shape[-1] - 1)
+        nxt = self._succ[s, a, idx]
+        done = self._ends[s, a] | (ep.turn >= self.num_turns - 1) | malformed
+        reward[malformed] = 0.0
+        duration = np.where(malformed, np.maximum(lengths, 1), self._tau[s, a]).astype(np.float64)
+        nxt = np.where(done, s, nxt)
+        out = StepOutcome(reward=reward, duration=duration, done=done, feedback=[None] * n, malformed=malformed)
+        return TabularEpisodes(np.where(done, ep.turn, ep.turn + 1), nxt), out
+
+    def snapshot(self, ep: TabularEpisodes) -> np.ndarray:
+        return np.stack([ep.turn, ep.state], axis=1)
+
+    def restore(self, snapshots: Sequence[np.ndarray]) -> TabularEpisodes:
+        arr = np.asarray(snapshots, dtype=np.int64).reshape(-1, 2)
+        if np.any(self._turn_of[arr[:, 1]] != arr[:, 0]):
+            raise ValueError("snapshot names a state that does not belong to its turn")
+        return TabularEpisodes(arr[:, 0].copy(), arr[:, 1].copy())
+
+    def take(self, ep: TabularEpisodes, idx: np.ndarray) -> TabularEpisodes:
+        return TabularEpisodes(ep.turn[idx], ep.state[idx])
+
+    def local_state(self, ep: TabularEpisodes) -> np.ndarray:
+        """The state index within its own turn's space."""
+        return ep.state - self.mdp.state_offset[ep.turn]
+
+
+def _decode_contexts(contexts: Ragged) -> tuple[torch.Tensor, torch.Tensor]:
+    if not contexts.is_uniform(2):
+        raise ValueError("tabular contexts are (turn, context id) token pairs")
+    pairs = np.array(contexts.values.reshape(-1, 2))
+    return torch.as_tensor(pairs[:, 0]), torch.as_tensor(pairs[:, 1])
+
+
+class TabularSampler:
+    """Sampler protocol: draws actions from the policy with the weights it was last given."""
+
+    def __init__(self, policy: TabularPolicy, params: np.ndarray) -> None:
+        self.policy = policy
+        self.load_weights(params)
+
+    def load_weights(self, weights: np.ndarray) -> None:
+        self._params = torch.as_tensor(np.array(weights, dtype=np.float64, copy=True))
+
+    def action_log_probs(self, contexts: Ragged) -> np.ndarray:
+        turn, ctx = _decode_contexts(contexts)
+        with torch.no_grad():
+            return self.policy.log_probs(self._params, turn, ctx).numpy()
+
+    def generate(self, contexts: Ragged, turn: np.ndarray, n: int, rng: np.random.Generator) -> Generation:
+        lp = self.action_log_probs(contexts)  # (B, A)
+        cum = np.cumsum(np.exp(lp), axis=1)
+        u = rng.random((lp.shape[0], n)) * cum[:, -1:]
+        a = np.minimum((cum[:, None, :] <= u[:, :, None]).sum(axis=2), lp.shape[1] - 1)  # (B, n)
+        chosen = np.take_along_axis(lp, a, axis=1)
+        return Generation(Ragged.from_dense(a.reshape(-1, 1)), Ragged.from_dense(chosen.reshape(-1, 1)))
+
+
+class TabularLearner:
+    """Learner protocol: torch parameters, the core's clipped loss, Adam or SGD."""
+
+    def __init__(self, policy: TabularPolicy, params: np.ndarray, lr: float = 0.1, optimizer: str = "adam") -> None:
+        self.policy = policy
+        self.params = torch.nn.Parameter(torch.as_tensor(np.array(params, dtype=np.float64, copy=True)))
+        self.ref_params = self.params.detach().clone()
+        if optimizer == "adam":
+            self.opt = torch.optim.Adam([self.params], lr=lr)
+        elif optimizer == "sgd":
+            self.opt = torch.optim.SGD([self.params], lr=lr)
+        else:
+            raise ValueError(f"unknown optimizer {optimizer!r}; valid: adam, sgd")
+
+    def _token_logp(self, params: torch.Tensor, batch: TurnBatch) -> torch.Tensor:
+        if not batch.tokens.is_uniform(1):
+            raise ValueError("tabular responses are exactly one token (the action)")
+        turn, ctx = _decode_contexts(batch.contexts)
+        lp = self.policy.log_probs(params, turn, ctx)
+        return lp.gather(1, torch.as_tensor(batch.tokens.values)[:, None]).squeeze(1)
+
+    def logprobs(self, batch: TurnBatch) -> Ragged:
+        with torch.no_grad():
+            lp = self._token_logp(self.params, batch).numpy()
+        return Ragged(lp, batch.tokens.offsets)
+
+    def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
+        flat = FlatBatch.from_batch(batch)
+        logp = self._token_logp(self.params, batch)
+        ref = None
+        if loss.kl_coef > 0:
+            with torch.no_grad():
+                ref = self._token_logp(self.ref_params, batch)
+        value, metrics = clipped_policy_loss(logp, flat, loss, ref)
+        self.opt.zero_grad()
+        value.backward()
+        metrics["train/grad_norm"] = float(self.params.grad.norm())
+        self.opt.step()
+        return metrics
+
+    def weights(self) -> np.ndarray:
+        return self.params.detach().numpy().copy()
+
+    def state_dict(self) -> dict:
+        return {"params": self.weights(), "ref": self.ref_params.numpy().copy(), "opt": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            self.params.copy_(torch.as_tensor(state["params"]))
+        self.ref_params = torch.as_tensor(state["ref"]).clone()
+        self.opt.load_state_dict(state["opt"])
+
+
+class TabularEvaluator:
+    """Exact value of the learner's current policy against V* (identity ψ) and the ψ-projected optimum."""
+
+    def __init__(self, mdp: TurnMDP, policy: TabularPolicy) -> None:
+        self.mdp = mdp
+        self.policy = policy
+        self.v_star = solve(mdp).value
+        self.v_star_psi = solve(mdp, mdp.psi, prefix_policy=uniform_policy(mdp)).value
+
+    def __call__(self, learner: TabularLearner) -> dict[str, float]:
+        value = evaluate(self.mdp, self.policy.table(learner.weights())).value
+        return {
+            "eval/value": value,
+            "eval/v_star": self.v_star,
+            "eval/v_star_psi": self.v_star_psi,
+            "eval/value_over_v_star": value / self.v_star if self.v_star != 0 else float("nan"),
+        }

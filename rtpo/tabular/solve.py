@@ -1,0 +1,143 @@
+"""Exact solvers on a TurnMDP: turn action values Q̃, continuation values F, values V (SPEC §1).
+
+    Q̃_k^π(s, u) = r_k(s, u) + γ^{τ_k(s,u)} Σ_{s'} P_k(s' | s, u) F_k^π(s')        (Eq. 20)
+    F_k^π(s')    = V_{k+1}^π(s'),  F_{K−1} ≡ 0                                        (Eq. 19)
+    V_k^π(s)     = Σ_u π_k(u | ψ_k(s)) Q̃_k^π(s, u)
+
+`solve` is backward induction (C.1): π*_k ∈ argmax_u Q̃_k^{π*}(s, u) with π*_{k+1..K−1} already fixed.
+Policies here are dense (K, C, A) arrays of probabilities over contexts c = ψ_k(s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from rtpo.tabular.mdp import TurnMDP
+
+_TIE = 1e-12
+
+
+def backup(mdp: TurnMDP, k: int, v_next: np.ndarray | None) -> np.ndarray:
+    """Q̃_k(s, u) = r_k(s, u) + γ^{τ_k(s,u)} E[V_{k+1}(s') | s, u]  (Eq. 20), shape (S_k, A)."""
+    q = np.array(mdp.reward[k], dtype=np.float64)
+    if v_next is not None and k < mdp.num_turns - 1:
+        cont = np.einsum("sab,sab->sa", mdp.prob[k], v_next[mdp.succ[k]])
+        q += (mdp.gamma ** mdp.tau[k]) * cont if mdp.gamma != 1.0 else cont
+    return q
+
+
+def state_policy(mdp: TurnMDP, pi: np.ndarray, k: int, psi: Sequence[np.ndarray] | None = None) -> np.ndarray:
+    """π_k(· | ψ_k(s)) for every state of turn k: (S_k, A)."""
+    psi_k = mdp.psi[k] if psi is None else np.asarray(psi[k])
+    return np.asarray(pi[k])[psi_k]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Exact values of a policy.  q[k]: (S_k, A); v[k]: (S_k,); f[k]: (S_{k+1},) (empty for k = K−1);
+    value: Σ_s init(s) V_0(s)."""
+
+    q: tuple[np.ndarray, ...]
+    v: tuple[np.ndarray, ...]
+    f: tuple[np.ndarray, ...]
+    value: float
+
+
+@dataclass(frozen=True)
+class Solution(Evaluation):
+    """Evaluation of the recursively optimal policy plus the policy itself.
+
+    policy: (K, C, A) one-hot over contexts (C = max S_k under identity ψ); ties go to the lowest action.
+    psi:    the context map the policy is defined on.
+    """
+
+    policy: np.ndarray = None  # type: ignore[assignment]
+    psi: tuple[np.ndarray, ...] = ()
+
+
+def evaluate(mdp: TurnMDP, pi: np.ndarray, psi: Sequence[np.ndarray] | None = None) -> Evaluation:
+    """Policy evaluation by the backward recursion of Eq. 19–20 for π given over contexts ψ (default mdp.psi)."""
+    K = mdp.num_turns
+    q: list = [None] * K
+    v: list = [None] * K
+    v_next = None
+    for k in range(K - 1, -1, -1):
+        q[k] = backup(mdp, k, v_next)
+        v[k] = np.sum(state_policy(mdp, pi, k, psi) * q[k], axis=1)
+        v_next = v[k]
+    f = tuple(v[k + 1] if k < K - 1 else np.zeros(0) for k in range(K))
+    return Evaluation(tuple(q), tuple(v), f, float(mdp.init @ v[0]))
+
+
+def policy_value(mdp: TurnMDP, pi: np.ndarray, psi: Sequence[np.ndarray] | None = None) -> float:
+    return evaluate(mdp, pi, psi).value
+
+
+def state_distribution(mdp: TurnMDP, pi: np.ndarray, psi: Sequence[np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
+    """d_k(s) = P(S_k = s) under π (mass < 1 where episodes end early), forward in k."""
+    d = [np.asarray(mdp.init, dtype=np.float64)]
+    for k in range(mdp.num_turns - 1):
+        flow = d[k][:, None, None] * state_policy(mdp, pi, k, psi)[:, :, None] * mdp.prob[k]
+        nxt = np.zeros(mdp.num_states[k + 1])
+        np.add.at(nxt, mdp.succ[k].reshape(-1), flow.reshape(-1))
+        d.append(nxt)
+    return tuple(d)
+
+
+def uniform_policy(mdp: TurnMDP, num_contexts: int | None = None) -> np.ndarray:
+    c = mdp.num_contexts if num_contexts is None else num_contexts
+    return np.full((mdp.num_turns, c, mdp.num_actions), 1.0 / mdp.num_actions)
+
+
+def _argmax_onehot(x: np.ndarray) -> np.ndarray:
+    """One-hot of the lowest index within _TIE of the row maximum."""
+    best = np.argmax(x >= x.max(axis=-1, keepdims=True) - _TIE, axis=-1)
+    return np.eye(x.shape[-1])[best]
+
+
+def solve(mdp: TurnMDP, psi: Sequence[np.ndarray] | None = None, prefix_policy: np.ndarray | None = None) -> Solution:
+    """Backward induction over turn boundaries (C.1).
+
+    psi=None: the policy sees the full state (identity ψ); the result is the global optimum V*.
+    psi given (K arrays of (S_k,) context ids, e.g. mdp.psi): the recursive optimum over policies that
+    see only ψ_k(s).  A context pools several states, so its best action maximises the Q̃ averaged over
+    those states weighted by d_k(s), the probability of reaching s at turn k under `prefix_policy` for
+    turns < k (default uniform; in RTPO these are the trunk's θ0 turns).  Under a decision-sufficient ψ
+    this equals V* whatever the prefix policy (Thm 1(c)); under an aliasing ψ it can be strictly lower.
+    """
+    K = mdp.num_turns
+    if psi is None:
+        psi_t = tuple(np.arange(s, dtype=np.int64) for s in mdp.num_states)
+    else:
+        psi_t = tuple(np.asarray(p, dtype=np.int64) for p in psi)
+        if len(psi_t) != K or any(p.shape != (s,) for p, s in zip(psi_t, mdp.num_states)):
+            raise ValueError("psi must hold one (S_k,) array of context ids per turn")
+    C = int(max(int(p.max()) for p in psi_t) + 1)
+    A = mdp.num_actions
+    policy = np.zeros((K, C, A))
+    policy[:, :, 0] = 1.0  # contexts no state maps to: any fixed choice
+    weights = None
+    if psi is not None:
+        prefix = np.full((K, C, A), 1.0 / A) if prefix_policy is None else np.asarray(prefix_policy)
+        weights = state_distribution(mdp, prefix, psi_t)
+    q: list = [None] * K
+    v: list = [None] * K
+    v_next = None
+    for k in range(K - 1, -1, -1):
+        q[k] = backup(mdp, k, v_next)
+        if weights is None:
+            policy[k, : mdp.num_states[k]] = _argmax_onehot(q[k])
+        else:
+            w = weights[k] if weights[k].sum() > 0 else np.ones(mdp.num_states[k])
+            pooled = np.zeros((C, A))
+            np.add.at(pooled, psi_t[k], w[:, None] * q[k])
+            seen = np.zeros(C, dtype=bool)
+            seen[psi_t[k]] = True
+            policy[k, seen] = _argmax_onehot(pooled[seen])
+        v[k] = np.sum(policy[k][psi_t[k]] * q[k], axis=1)
+        v_next = v[k]
+    f = tuple(v[k + 1] if k < K - 1 else np.zeros(0) for k in range(K))
+    return Solution(tuple(q), tuple(v), f, float(mdp.init @ v[0]), policy=policy, psi=psi_t)
