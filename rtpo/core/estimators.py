@@ -6,7 +6,7 @@ trajectories of a query); the result has the same shape.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

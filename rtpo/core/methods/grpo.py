@@ -11,8 +11,9 @@ baselines (GSPO, SeeUPO, Tree-GRPO, ARPO), whose rows are root-to-leaf paths.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import numpy as np
 

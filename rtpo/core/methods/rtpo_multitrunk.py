@@ -48,13 +48,15 @@ class RTPOMultiTrunkConfig(RTPOConfig):
 def select_trunks(returns: np.ndarray, keep: int, rule: str, rng: np.random.Generator) -> np.ndarray:
     """returns: (Q, C) candidate returns per query -> (Q, keep) indices of the kept candidates."""
     q, c = returns.shape
+    if rule not in SELECTION_RULES:
+        raise ValueError(f"unknown selection rule {rule!r}; valid: {', '.join(SELECTION_RULES)}")
+    if keep >= c:  # nothing to choose (and no draw, so candidates == trunks_per_query is plain RTPO)
+        return np.tile(np.arange(c), (q, 1))[:, :keep]
     noise = rng.random((q, c))  # random tie-break (and the whole order for "random")
     if rule == "max_return":
         order = np.lexsort((noise, -returns), axis=-1)  # primary key: -return, then the noise
-    elif rule == "random":
-        order = np.argsort(noise, axis=-1)
     else:
-        raise ValueError(f"unknown selection rule {rule!r}; valid: {', '.join(SELECTION_RULES)}")
+        order = np.argsort(noise, axis=-1)
     return order[:, :keep]
 
 

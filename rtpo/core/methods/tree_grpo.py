@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rtpo.core import estimators
-from rtpo.core.methods.base import IterationState, Method, RunContext, register_method
+from rtpo.core.methods.base import IterationState, RunContext, register_method
 from rtpo.core.methods.grpo import GRPO, TRAIN_CONTEXTS, FlatIteration, flat_batch, path_return
 from rtpo.core.rollout import rollout
 from rtpo.core.train import ppo_update, rollout_train_ratio
@@ -42,7 +42,7 @@ class TreeGRPOConfig:
         if self.M < 1 or self.N < 0 or self.L < 0:
             raise ValueError(f"Tree-GRPO needs M >= 1, N >= 0, L >= 0, got M={self.M} N={self.N} L={self.L}")
         if self.M * (self.L * self.N + 1) < 2:
-            raise ValueError("Tree-GRPO needs at least 2 leaves per prompt")
+            raise ValueError(f"M×(L×N+1) leaves per prompt must be >= 2, got M={self.M} N={self.N} L={self.L}")
         if self.epochs < 1:
             raise ValueError("epochs must be >= 1")
         if self.train_context not in TRAIN_CONTEXTS:
