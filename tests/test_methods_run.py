@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from rtpo.core import methods
-from rtpo.core.methods.base import IterationState
 from rtpo.core.types import Ragged
 from rtpo.tabular import TabularEvaluator, tool_chain
 from tests._method_helpers import make, run, stack
