@@ -9,13 +9,13 @@
   equal to the scenario's own keeps the scenario's method settings; another starts from its defaults.
 - `key=value` overrides apply to every run; a `method.X=v` override applies to the methods whose
   Config has a field X and is skipped for the others.
-- The budget: `budget.max_rollouts` if the scenario sets it, else what the scenario's own method plans
+- The budget B: `budget.max_rollouts` if the scenario sets it, else what the scenario's own method plans
   for `budget.iterations` iterations (iterations × rollouts_per_query(K) × queries_per_iteration).
-  Every run is capped at it (the runner stops before the phase that would start past it, so a method
-  overshoots by at most one phase's generation; the table shows what each really spent).
+  Each method runs the whole iterations that fit in B (B // (its rollouts_per_query × queries), at
+  least 1) and is also capped at B; the table shows what each really spent.
 - `--sweep key=v1,v2,...` repeats the whole comparison for each value (e.g. task.num_turns=3,4,5).
-- Seeds are scenario.seed + 0..N−1.  Runs go to 2 worker processes (single-threaded torch each)
-  whenever more than one run is queued.
+- Seeds are scenario.seed + 0..N−1.  Runs go to 2 worker processes (single-threaded torch each,
+  forked where the platform allows) whenever more than one run is queued.
 
 Writes DIR/compare-<scenario>-<time>/: comparison.md, comparison.json (rewritten after every finished
 run, so nothing computed is lost), curves.png (value / V* against rollouts, mean and 95% band over seeds),
@@ -34,7 +34,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
@@ -106,14 +106,18 @@ def _scenario_data(scenario: str | None) -> tuple[dict, str]:
     return data, p.stem
 
 
-def _plan_budget(cfg) -> int:
-    """budget.max_rollouts, or what the scenario's own method plans for budget.iterations."""
+def _num_turns(cfg) -> int:
     from rtpo.backends import get_backend
+
+    return int(get_backend(cfg.backend.kind).build(cfg).ctx.env.num_turns)
+
+
+def _plan_budget(cfg, num_turns: int) -> int:
+    """budget.max_rollouts, or what the scenario's own method plans for budget.iterations."""
     from rtpo.config import ConfigError
 
     if cfg.budget.max_rollouts is not None:
         return int(cfg.budget.max_rollouts)
-    num_turns = get_backend(cfg.backend.kind).build(cfg).ctx.env.num_turns
     per_query = cfg.method.build().rollouts_per_query(num_turns)
     if per_query is None:
         raise ConfigError(f"budget.max_rollouts: required, method {cfg.method.name!r} does not plan its rollouts")
@@ -125,6 +129,10 @@ def build_jobs(scenario: str | None, method_specs: list[str], seeds: int, overri
     """Every (sweep value, method, seed) run, each config validated before anything runs."""
     from rtpo.config import ConfigError, apply_override, parse_scenario
 
+    try:  # registers `backend.kind: tabular_history` (full-history contexts beside ψ)
+        import rtpo.tabular.history_build  # noqa: F401
+    except ImportError:
+        pass
     raw, stem = _scenario_data(scenario)
     if not isinstance(raw.get("method"), dict):
         raise ConfigError("method: required section missing")
@@ -145,7 +153,8 @@ def build_jobs(scenario: str | None, method_specs: list[str], seeds: int, overri
             apply_override(base, f"{sweep[0]}={point}")
         point_method_ov = method_ov + ([f"{sweep[0]}={point}"] if sweep is not None and sweep[0].startswith("method.") else [])
         base_cfg = parse_scenario(_with_method_overrides(base, base["method"], point_method_ov))
-        budget = _plan_budget(base_cfg)
+        num_turns = _num_turns(base_cfg)
+        budget = _plan_budget(base_cfg, num_turns)
         budgets[str(point)] = budget
         for label, (name, kv) in zip(labels, specs):
             from rtpo.core import methods
@@ -155,8 +164,13 @@ def build_jobs(scenario: str | None, method_specs: list[str], seeds: int, overri
             msec = dict(base["method"]) if base["method"].get("name") == name else {"name": name}
             msec.update(kv)
             data = _with_method_overrides(base, msec, point_method_ov)
-            data.setdefault("budget", {})
-            data["budget"] = {**(data["budget"] or {}), "max_rollouts": budget, "iterations": 10**9}
+            data["budget"] = {**(data.get("budget") or {}), "max_rollouts": budget, "iterations": 10**9}
+            try:
+                iters = _whole_iterations(parse_scenario(data), budget, num_turns)
+            except ConfigError as e:
+                raise ConfigError(f"--methods {label}: {e}") from None
+            if iters is not None:
+                data["budget"]["iterations"] = iters
             data["logging"] = {**(data.get("logging") or {}), "progress": False, "plot": False}
             for i in range(seeds):
                 d = copy.deepcopy(data)
@@ -168,6 +182,14 @@ def build_jobs(scenario: str | None, method_specs: list[str], seeds: int, overri
                 jobs.append(Job(label, name, point, d["seed"], d, str(out_root / "runs"),
                                 getattr(cfg.method.config, "G", None)))
     return jobs, {"scenario": stem, "budgets": budgets}
+
+
+def _whole_iterations(cfg, budget: int, num_turns: int) -> int | None:
+    """Whole iterations of this method that fit in the budget (None when the method cannot plan)."""
+    per_query = cfg.method.build().rollouts_per_query(num_turns)
+    if not per_query:
+        return None
+    return max(1, int(budget // (per_query * cfg.budget.queries_per_iteration)))
 
 
 def _with_method_overrides(base: dict, msec: dict, method_ov: list[str]) -> dict:
@@ -192,6 +214,10 @@ def _init_worker() -> None:
 
 def run_job(job: Job) -> Outcome:
     """Run one job (in a worker process); a failure is returned as a one-line error, never raised."""
+    try:
+        import rtpo.tabular.history_build  # noqa: F401
+    except ImportError:
+        pass
     from rtpo.config import parse_scenario
     from rtpo.run import run_scenario
 
@@ -213,7 +239,11 @@ def run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
             outcomes.append(run_job(job))
             on_done(outcomes)
         return outcomes
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn"),
+    _init_worker()  # the parent never starts torch's thread pool, so forking it is safe
+    # fork: a worker starts with rtpo and torch already imported (a spawned one re-imports them, seconds
+    # each on a loaded machine); spawn where fork does not exist
+    method = "fork" if "fork" in get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context(method),
                              initializer=_init_worker) as pool:
         futures = [pool.submit(run_job, j) for j in jobs]
         for fut in as_completed(futures):
@@ -448,7 +478,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     from rtpo.config import ConfigError
 
-    ns = _parser().parse_args(argv)
+    _init_worker()  # single-threaded torch here too (and before any fork)
+    ns = _parser().parse_intermixed_args(argv)
     args = list(ns.args)
     scenario = args.pop(0) if args and "=" not in args[0] else None
     if ns.seeds < 1:
