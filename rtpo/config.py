@@ -178,11 +178,15 @@ def validate_dataclass(cls: type, data: dict, prefix: str, reserved: tuple[str, 
             raise pydantic_error(e, f"{prefix}.{key}") from None
     try:
         return cls(**values)
-    except (ValueError, TypeError) as e:
-        msg = " ".join(str(e).split())
+    except (ValueError, TypeError, KeyError) as e:
+        msg = " ".join(str(e.args[0] if e.args else e).split())
         head, _, rest = msg.partition(" ")
-        if head in fields and rest:
+        if head in fields and rest:  # "G must be >= 2 ..." names its field first
             raise ConfigError(f"{prefix}.{head}: {rest}") from None
+        # a registry lookup ("unknown estimator 'x'; valid: ...") names the bad value instead
+        named = [k for k, v in values.items() if isinstance(v, str) and repr(v) in msg]
+        if len(named) == 1:
+            raise ConfigError(f"{prefix}.{named[0]}: {msg}") from None
         raise ConfigError(f"{prefix}: {msg}") from None
 
 
