@@ -125,4 +125,6 @@ def _assemble(steps, num, query_ids, start_turn, gamma, record_boundaries) -> Ro
 def _rows(r: Ragged, lo: int, hi: int) -> Ragged:
     """Rows lo..hi-1 of r, which are contiguous after the episode sort: a slice, not a gather."""
     off = r.offsets[lo : hi + 1]
-    return Ragged(r.values[off[0] : off[-1]], off - off[0])
+    rebased = off - off[0]
+    rebased.flags.writeable = False
+    return Ragged._unchecked(r.values[off[0] : off[-1]], rebased)  # a read-only view of a checked Ragged
