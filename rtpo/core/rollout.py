@@ -119,7 +119,7 @@ def _assemble(steps, num, query_ids, start_turn, gamma, record_boundaries) -> Ro
                 contexts=_rows(contexts, lo, hi), tokens=_rows(tokens, lo, hi), logp=_rows(logp, lo, hi),
                 rewards=reward[lo:hi], durations=duration[lo:hi], malformed=malformed[lo:hi],
                 query_id=int(query_ids[e]), start_turn=int(start_turn[e]), gamma=gamma,
-                full_contexts=full.take(sl) if full is not None else None,
+                full_contexts=_rows(full, lo, hi) if full is not None else None,
             )
         )
         if boundaries is not None:
