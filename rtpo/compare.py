@@ -6,7 +6,8 @@
 
 - A method spec is a registered name with optional `:key=value` settings of its Config
   (`grpo:normalize=false`, `rtpo:estimator=leave_one_out`); the spec is the row label.  A method
-  equal to the scenario's own keeps the scenario's method settings; another starts from its defaults.
+  whose Config is the scenario method's Config or a subclass of it (the RTPO variants from `rtpo`)
+  starts from the scenario's method settings; any other starts from its own defaults.
 - `key=value` overrides apply to every run; a `method.X=v` override applies to the methods whose
   Config has a field X and is skipped for the others.
 - The budget B: `budget.max_rollouts` if the scenario sets it, else what the scenario's own method plans
@@ -161,7 +162,7 @@ def build_jobs(scenario: str | None, method_specs: list[str], seeds: int, overri
 
             if name not in methods.METHODS:
                 raise ConfigError(f"--methods: unknown method {name!r} (valid: {', '.join(methods.names())})")
-            msec = dict(base["method"]) if base["method"].get("name") == name else {"name": name}
+            msec = _inherited_method(base["method"], name)
             msec.update(kv)
             data = _with_method_overrides(base, msec, point_method_ov)
             data["budget"] = {**(data.get("budget") or {}), "max_rollouts": budget, "iterations": 10**9}
@@ -182,6 +183,20 @@ def build_jobs(scenario: str | None, method_specs: list[str], seeds: int, overri
                 jobs.append(Job(label, name, point, d["seed"], d, str(out_root / "runs"),
                                 getattr(cfg.method.config, "G", None)))
     return jobs, {"scenario": stem, "budgets": budgets}
+
+
+def _inherited_method(scenario_method: dict, name: str) -> dict:
+    """The method section a compared method starts from: the scenario's settings when its Config is
+    the scenario method's Config or a subclass of it (rtpo_offpolicy from rtpo: same G, epochs, ...),
+    else just the name (its own defaults: GRPO's G is a different quantity from RTPO's)."""
+    from rtpo.core import methods
+
+    base_name = scenario_method.get("name")
+    if base_name == name:
+        return dict(scenario_method)
+    if base_name in methods.METHODS and issubclass(methods.get(name).Config, methods.get(base_name).Config):
+        return {**scenario_method, "name": name}
+    return {"name": name}
 
 
 def _whole_iterations(cfg, budget: int, num_turns: int) -> int | None:

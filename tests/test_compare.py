@@ -105,3 +105,12 @@ def test_bad_input_is_one_line_and_exit_2(scenario, tmp_path, capsys, argv, need
     err = capsys.readouterr().err.strip()
     assert rc == 2 and needle in err and "\n" not in err
     assert not list(tmp_path.glob("compare-*"))  # nothing started
+
+
+def test_rtpo_variants_inherit_the_scenarios_rtpo_settings(scenario, tmp_path):
+    jobs, _ = compare.build_jobs(str(scenario), ["rtpo_offpolicy", "rtpo_sync_kl:kl_threshold=0.1", "seeupo"], 1,
+                                 [], None, tmp_path)
+    by = {j.label: j.data["method"] for j in jobs}
+    assert by["rtpo_offpolicy"] == {"name": "rtpo_offpolicy", "G": 3, "epochs": 1}
+    assert by["rtpo_sync_kl:kl_threshold=0.1"] == {"name": "rtpo_sync_kl", "G": 3, "epochs": 1, "kl_threshold": 0.1}
+    assert by["seeupo"] == {"name": "seeupo"}  # not an RTPO config: its own defaults
