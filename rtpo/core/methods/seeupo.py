@@ -23,6 +23,7 @@ from rtpo.core.methods.base import IterationState, Method, RunContext, register_
 from rtpo.core.methods.grpo import TRAIN_CONTEXTS, training_contexts
 from rtpo.core.rollout import rollout
 from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
+from rtpo.core.types import Ragged, TurnBatch
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class SeeUPOIteration:
     returns: np.ndarray    # (B,)
     task_mean: np.ndarray  # (B,) mean return of each trajectory's query group
     m: np.ndarray          # (B,) the running downstream weight M
+    rows: TurnBatch        # every (trajectory, turn) row of the batch, built once
+    row_traj: np.ndarray   # (N,) trajectory of each row
 
 
 @register_method("seeupo")
@@ -79,7 +82,14 @@ class SeeUPO(Method):
         ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
         returns = np.array([t.ret for t in res.trajectories])
         task_mean = np.repeat(returns.reshape(-1, self.cfg.G).mean(axis=1), self.cfg.G)
-        data = SeeUPOIteration(res.trajectories, returns, task_mean, np.ones(len(returns)))
+        pairs = [(i, j) for i, t in enumerate(res.trajectories) for j in range(t.num_turns)]
+        trajs = [res.trajectories[i] for i, _ in pairs]
+        rows = turn_rows(trajs, [j for _, j in pairs], np.zeros(len(pairs)))
+        full = training_contexts([(t, j) for t, (_, j) in zip(trajs, pairs)], self.cfg.train_context)
+        if full is not None:
+            rows = dataclasses.replace(rows, contexts=full)
+        data = SeeUPOIteration(res.trajectories, returns, task_mean, np.ones(len(returns)), rows,
+                               np.array([i for i, _ in pairs], np.int64))
         return IterationState(pending=list(range(ctx.env.num_turns - 1, -1, -1)), data=data)
 
     def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
@@ -87,17 +97,16 @@ class SeeUPO(Method):
         state.done_phases += 1
         d: SeeUPOIteration = state.data
         metrics: dict[str, float] = {"phase/turn": float(k), "phase/synced": 0.0}
-        rows = np.array([i for i, t in enumerate(d.trajectories) if t.start_turn <= k <= t.end_turn], np.int64)
+        idx = np.flatnonzero(d.rows.turn == k)
+        rows = d.row_traj[idx]  # the trajectories that reached turn k, one row each
         metrics["phase/boundaries"] = float(rows.size)
         if rows.size == 0:
             return metrics
-        trajs = [d.trajectories[i] for i in rows]
-        offs = np.array([k - t.start_turn for t in trajs], np.int64)
         adv = estimators.seeupo_advantage(d.returns[rows], d.task_mean[rows], self.cfg.adv_clip)
-        batch = turn_rows(trajs, offs, adv, weight=d.m[rows])  # A·M through the row weight (M > 0)
-        full = training_contexts(list(zip(trajs, offs)), self.cfg.train_context)
-        if full is not None:
-            batch = dataclasses.replace(batch, contexts=full)
+        sub = d.rows.take(idx)
+        # A·M through the row weight (M > 0, so min(ρAM, clip(ρ)AM) = M·min(ρA, clip(ρ)A))
+        batch = dataclasses.replace(sub, advantages=Ragged(np.repeat(adv, sub.tokens.lengths), sub.tokens.offsets),
+                                    weight=d.m[rows])
         groups = d.returns.reshape(-1, self.cfg.G)
         metrics.update({
             "return/mean": float(d.returns[rows].mean()),
