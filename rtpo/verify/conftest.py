@@ -12,19 +12,10 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
-from hypothesis.errors import InvalidArgument
 
-# Hypothesis ships a built-in "ci" profile, so the root conftest's registration is recognised by its
-# companion "dev" profile: register (and load) both only when nobody has.
-try:
-    settings.get_profile("dev")
-except InvalidArgument:
-    settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
-                              suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("dev", max_examples=100, deadline=None)
-    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+from rtpo.verify.mutants import ensure_profile
 
+ensure_profile()
 # The claim tests run tiny tensors; one intra-op thread avoids thread hand-off costs that dominate them
 # (and oversubscription on a shared 2-core machine).  Results do not depend on the thread count.
 torch.set_num_threads(1)

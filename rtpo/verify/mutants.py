@@ -337,6 +337,58 @@ def _ratio_not_clipped() -> Undo:
     return _replace_everywhere(orig, clipped_policy_loss)
 
 
+def ensure_profile() -> None:
+    """Register the Hypothesis profiles `ci` (derandomized, no database, no deadline) and `dev` and load
+    HYPOTHESIS_PROFILE (default ci) — unless the root conftest already did.  Hypothesis ships a built-in
+    "ci" profile, so the root conftest's registration is recognised by its companion "dev" profile."""
+    import os
+
+    from hypothesis import HealthCheck, settings
+    from hypothesis.errors import InvalidArgument
+
+    try:
+        settings.get_profile("dev")
+    except InvalidArgument:
+        settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
+                                  suppress_health_check=[HealthCheck.too_slow])
+        settings.register_profile("dev", max_examples=100, deadline=None)
+        settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _no_shrink(fn: Any) -> None:
+    """A kill needs one failing example, not a minimal one: drop Hypothesis's shrink phase for this call."""
+    from hypothesis import Phase, settings
+
+    current = getattr(fn, "_hypothesis_internal_use_settings", None)
+    if current is not None:
+        fn._hypothesis_internal_use_settings = settings(current, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+
+
+def killed_by(name: str) -> list[str]:
+    """Apply mutant `name` in this process, call each of its killer tests directly, undo the mutant, and
+    return the killers that failed (raised).  The fast check of tests/test_mutants.py; `rtpo verify
+    --mutants` runs whole claim modules in subprocesses instead."""
+    import importlib
+
+    modules = {}
+    for node in get(name).killers:  # import before patching; _replace_everywhere rebinds their names
+        path, _ = node.split("::")
+        modules[node] = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+    failed = []
+    undo = activate(name)
+    try:
+        for node, mod in modules.items():
+            fn = getattr(mod, node.split("::")[1])
+            _no_shrink(fn)
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - any failure of a claim test kills the mutant
+                failed.append(node)
+    finally:
+        undo()
+    return failed
+
+
 def activate(name: str) -> Undo:
     """Apply mutant `name`; returns the function that undoes it."""
     # import everything a mutant may rebind, so consumers that imported names are patched too
