@@ -37,3 +37,13 @@ def test_killer_tests_pass_without_mutants():
 @pytest.mark.parametrize("name", mutants.names())
 def test_mutant_is_killed(name):
     assert mutants.killed_by(name), f"mutant {name!r} survived its killer tests {mutants.get(name).killers}"
+
+
+def test_verify_cli_rejects_bad_arguments_in_one_line(capsys):
+    assert cli.main(["--bogus"]) == 2
+    assert cli.main(["--mutants", "--only", "no_such_mutant"]) == 2
+    assert cli.main(["--jobs", "0", "--mutants"]) == 2
+    out = capsys.readouterr()
+    lines = [ln for ln in (out.out + out.err).splitlines() if ln.strip()]
+    assert len(lines) == 3 and all(ln.startswith("rtpo verify: ") for ln in lines), lines
+    assert any("no_such_mutant" in ln and "cross_state_baseline" in ln for ln in lines)

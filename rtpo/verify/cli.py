@@ -147,13 +147,18 @@ def _report_main(args: argparse.Namespace) -> int:
     return 0 if all(r[1].startswith("PASS") for r in rows) else 1
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, non-zero exit (the project's CLI convention)
+        self.exit(2, f"rtpo verify: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     passthrough: list[str] = []
     if "--" in argv:
         i = argv.index("--")
         argv, passthrough = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(prog="rtpo verify", description="Check the paper's claims (SPEC §4).")
+    p = _OneLineParser(prog="rtpo verify", description="Check the paper's claims (SPEC §4).")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--mutants", action="store_true", help="run the suite against every mutant; exit 1 if one survives")
     mode.add_argument("--report", action="store_true", help="print claim, status and measured figures")
@@ -175,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.report:
         return _report_main(args)
-    return run_pytest([str(VERIFY_DIR)], extra=passthrough, capture=False).returncode
+    # honour RTPO_MUTANT for a plain run too (run_pytest clears it unless asked)
+    mutant = os.environ.get("RTPO_MUTANT", "").strip() or None
+    return run_pytest([str(VERIFY_DIR)], mutant=mutant, extra=passthrough, capture=False).returncode
 
 
 if __name__ == "__main__":

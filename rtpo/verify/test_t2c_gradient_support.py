@@ -83,7 +83,7 @@ def test_T2c_llm_gradient_only_on_turn_k_tokens_eq80():
         ctx, tok = batch.contexts[i], batch.tokens[i]
         assert np.array_equal(full[: len(ctx)], ctx)  # the row's context is a prefix of the transcript
         pos = torch.as_tensor(len(ctx) + np.arange(len(tok)))
-        logps.append(torch.log_softmax(lg[pos], -1).gather(1, torch.as_tensor(tok)[:, None]).squeeze(1))
+        logps.append(torch.log_softmax(lg[pos], -1).gather(1, torch.as_tensor(np.array(tok))[:, None]).squeeze(1))
         transcripts.append(full)
         logits.append(lg)
     loss, _ = clipped_policy_loss(torch.cat(logps), FlatBatch.from_batch(batch), LossConfig(clip_eps=0.2))
