@@ -152,22 +152,20 @@ def last_boxed(text: str) -> str | None:
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
-    i = text.find("{", start)
-    if i < 0:
-        return None
-    # "\boxed 5" (no braces) is legal LaTeX for a one-token argument
-    between = text[start + (6 if text.startswith("\\boxed", start) else 5): i]
-    if between.strip():
-        token = between.strip().split()[0]
-        return token.rstrip("$.") or None
+    rest = text[start + (6 if text.startswith("\\boxed", start) else 5):]
+    if not rest.startswith("{"):
+        # "\boxed 5" (a space, then one token) is legal LaTeX too
+        if not rest[:1].isspace() or not rest.strip():
+            return None
+        return rest.split()[0].rstrip("$.") or None
     depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
+    for j, ch in enumerate(rest):
+        if ch == "{":
             depth += 1
-        elif text[j] == "}":
+        elif ch == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1 : j]
+                return rest[1:j]
     return None
 
 

@@ -23,6 +23,14 @@ import numpy as np
 from rtpo.core.registry import Registry
 
 
+def _frozen_ids(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.int64).reshape(-1)
+    if a.flags.writeable:
+        a = a.copy()
+        a.flags.writeable = False
+    return a
+
+
 @dataclass(frozen=True)
 class TurnBlocks:
     """One finished turn of S_k as token blocks (1-D int64 arrays, never mutated).
@@ -36,6 +44,10 @@ class TurnBlocks:
     stripped: np.ndarray
     feedback: np.ndarray
 
+    def __post_init__(self) -> None:
+        for name in ("raw", "stripped", "feedback"):
+            object.__setattr__(self, name, _frozen_ids(getattr(self, name)))
+
 
 @dataclass(frozen=True)
 class ChatState:
@@ -44,6 +56,15 @@ class ChatState:
     prompt: np.ndarray
     turns: tuple[TurnBlocks, ...]
     generation_prompt: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt", _frozen_ids(self.prompt))
+        object.__setattr__(self, "generation_prompt", _frozen_ids(self.generation_prompt))
+        object.__setattr__(self, "turns", tuple(self.turns))
+
+    def append(self, turn: TurnBlocks) -> "ChatState":
+        """S_{k+1} = S_k ∘ (l_k, f_k); shares every earlier block (snapshots are cheap)."""
+        return ChatState(self.prompt, self.turns + (turn,), self.generation_prompt)
 
     @property
     def k(self) -> int:
