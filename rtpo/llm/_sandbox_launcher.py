@@ -83,6 +83,10 @@ def _limits(cfg):
 
 
 def _wait_and_relay(pid):
+    # The parent stops a run with SIGTERM to this launcher: kill PID 1 and wait for it.  PID 1 exits only
+    # after the kernel has killed and reaped every process of its namespace, so when the launcher exits
+    # nothing of the run is left.
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
     while True:
         try:
             _, status = os.waitpid(pid, 0)

@@ -161,8 +161,7 @@ def _run(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
     try:
         out, err, timed_out, truncated = _communicate(proc, code.encode("utf-8", "surrogatepass"), limits, start)
     finally:
-        _kill_group(proc)
-        proc.wait()
+        _stop(proc, mode)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     rc = proc.returncode
@@ -233,14 +232,24 @@ def _communicate(proc: subprocess.Popen, code: bytes, limits: SandboxLimits, sta
     return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), timed_out, truncated
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    # the launcher leads its own session; in kernel mode PID 1 of the sandbox's namespace is in this
-    # group too, and its death takes every process of the namespace with it
-    # group; called before the launcher is reaped, so its pid (the group id) cannot have been reused
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _stop(proc: subprocess.Popen, mode: str) -> None:
+    """End the run and return only when none of its processes is left."""
+    if mode == "namespaces" and proc.poll() is None:
+        # the launcher kills PID 1 and waits for the namespace to empty (see _sandbox_launcher)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    if proc.returncode is None:
+        # the launcher leads its own session and is not reaped yet, so its pid (the group id) cannot
+        # have been reused; in fallback mode this also takes the program's children that stayed in it
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
 
 
 def _limits_hit(stderr: str, sig: int | None, timed_out: bool, truncated: bool) -> tuple[str, ...]:
