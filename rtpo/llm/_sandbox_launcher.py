@@ -175,7 +175,7 @@ def _namespaces(cfg, code):
     if not os.access(python, os.X_OK):
         python = cfg["fallback_python"]
     env = dict(cfg["env"], HOME=work, TMPDIR=work, PWD=work)
-    os.execve(python, [python, "-I", "main.py"], env)
+    os.execve(python, [python, "-I", "-u", "main.py"], env)  # -u: output before a kill survives
 
 
 def _rlimits_only(cfg, code):
@@ -186,7 +186,7 @@ def _rlimits_only(cfg, code):
     _limits(cfg)
     env = dict(cfg["env"], HOME=work, TMPDIR=work, PWD=work)
     python = cfg["python"]
-    os.execve(python, [python, "-I", "-c", _GUARD], env)
+    os.execve(python, [python, "-I", "-u", "-c", _GUARD], env)
 
 
 def main():

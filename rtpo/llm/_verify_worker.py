@@ -20,6 +20,9 @@ def main() -> None:
         sys.stdout.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"}) + "\n")
         sys.stdout.flush()
         return
+    # the first parse/verify imports and compiles lazily (seconds): pay that before reporting ready, so
+    # the caller's per-answer timeout measures answers, not start-up
+    verify(parse("$x+1$", parsing_timeout=None), parse("\\boxed{1+x}", parsing_timeout=None), timeout_seconds=None)
     sys.stdout.write(json.dumps({"ready": True}) + "\n")
     sys.stdout.flush()
     for line in sys.stdin:
