@@ -62,7 +62,7 @@ class ChatState:
         object.__setattr__(self, "generation_prompt", _frozen_ids(self.generation_prompt))
         object.__setattr__(self, "turns", tuple(self.turns))
 
-    def append(self, turn: TurnBlocks) -> "ChatState":
+    def append(self, turn: TurnBlocks) -> ChatState:
         """S_{k+1} = S_k ∘ (l_k, f_k); shares every earlier block (snapshots are cheap)."""
         return ChatState(self.prompt, self.turns + (turn,), self.generation_prompt)
 

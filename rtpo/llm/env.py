@@ -17,9 +17,10 @@ Rewards are sparse (only at the end, SPEC §1); τ_k = the number of response to
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -6,6 +6,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
 
@@ -170,3 +172,46 @@ def test_last_boxed():
     assert last_boxed("nothing") is None
     assert last_boxed(r"\boxed 7.") == "7"
     assert last_boxed(r"\fbox{3}") == "3"
+
+
+_ALPHABET = list("ab xyz0129+-*/=()[]{}.,:;!?'\"\\\n\t") + ["é", "ü", "中", "文", "🙂"]
+_text = st.text(alphabet=st.sampled_from(_ALPHABET), min_size=0, max_size=30)
+
+
+@needs_tok
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(turns=st.lists(st.tuples(_text, _text, _text), min_size=1, max_size=3))
+def test_blocks_equal_the_template_for_arbitrary_text(tok, turns):
+    """Property: for any canonical turns, block-wise ids == the template's ids, for both maps."""
+    chat = Qwen3Chat(tok)
+    raw_msgs, stripped_msgs, blocks = chat.messages(QUESTION), chat.messages(QUESTION), []
+    for reasoning, content, fb in turns:
+        # canonical turns, as the template writes them: non-empty reasoning without edge newlines,
+        # content not starting with a newline (the template strips those)
+        reasoning = "r" + reasoning.strip("\n") + "r"
+        content = content.lstrip("\n")
+        raw = f"<think>\n{reasoning}\n</think>\n\n{content}"
+        ids = chat.ids(raw + "<|im_end|>")
+        assert chat.decode(ids) == raw + "<|im_end|>"  # the parse in LLMEnv.step relies on this round trip
+        p = parse_response(chat.decode(ids))
+        assert p.reasoning == reasoning and p.content == content
+        blocks.append(TurnBlocks(chat.raw_assistant_block(ids), chat.assistant_block(p.content), chat.tool_block([fb])))
+        raw_msgs += [{"role": "assistant", "content": raw}, {"role": "tool", "content": fb}]
+        stripped_msgs += [{"role": "assistant", "content": content}, {"role": "tool", "content": fb}]
+    state = ChatState(chat.prompt_block(QUESTION), tuple(blocks), chat.generation_prompt)
+    assert np.array_equal(make_context_map("identity")(state), _template_ids(tok, raw_msgs, chat.tools))
+    assert np.array_equal(make_context_map("think_strip")(state), _template_ids(tok, stripped_msgs, chat.tools))
+
+
+@needs_tok
+@pytest.mark.slow
+def test_fast_loader_matches_autotokenizer(tok):
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(chat_mod.qwen3_tokenizer_dir(), local_files_only=True)
+    chat = Qwen3Chat(tok)
+    text = chat.decode(make_context_map("identity")(_state(chat, 2))) + " wörld 中文 🙂\n\n\t x"
+    assert auto.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    msgs = chat.messages(QUESTION)
+    assert auto.apply_chat_template(msgs, tools=chat.tools, tokenize=False, add_generation_prompt=True) == \
+        tok.apply_chat_template(msgs, tools=chat.tools, tokenize=False, add_generation_prompt=True)

@@ -52,8 +52,8 @@ class ScriptedSampler:
     def _text(self, ctx_text: str, turn: int, j: int) -> str:
         expr = re.findall(r"Compute (.*?)\.", ctx_text)[-1]
         think = f"<think>\nsecret-thought-{turn}-{j}\n</think>\n\n"
-        call = ('I will compute it.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(%s)"}}\n</tool_call>'
-                % expr)
+        call = ('I will compute it.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(EXPR)"}}\n</tool_call>'
+                ).replace("EXPR", expr)
         results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", ctx_text, re.S)
         if turn == 0:
             return think + (call if j % 2 == 0 else "I am not sure what to do.")

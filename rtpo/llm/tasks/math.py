@@ -27,8 +27,9 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from rtpo.core.registry import Registry
 
@@ -133,8 +134,7 @@ def _records(path: str) -> Iterator[tuple[int, Any]]:
             import pyarrow.parquet as pq
         except ImportError:
             raise MathDataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert to JSONL") from None
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
-            yield i, row
+        yield from enumerate(pq.read_table(path).to_pylist(), start=1)
         return
     with open(path, encoding="utf-8") as f:
         if ext == ".json":
