@@ -180,3 +180,25 @@ def test_binary_and_invalid_utf8_output():
 def test_limits_are_validated():
     with pytest.raises(ValueError, match="wall_time_s"):
         SandboxLimits(wall_time_s=0)
+
+
+@kernel
+def test_concurrent_calls_are_isolated_from_each_other():
+    """The env runs tool calls on threads: a fork bomb in one call must not starve a neighbour started
+    while it rages (RLIMIT_NPROC counts per uid, and every call gets its own; with one shared uid the
+    neighbour's fork fails with EAGAIN, as checked by hand with a constant uid)."""
+    import threading
+    import time
+
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    spawn = "import subprocess\nprint(subprocess.run(['echo', 'child ok'], capture_output=True, text=True).stdout.strip())"
+    lim = SandboxLimits(wall_time_s=6.0, cpu_time_s=3, max_processes=8)
+    out = []
+    t = threading.Thread(target=lambda: out.append(run_python(bomb, lim)))
+    t.start()
+    time.sleep(1.5)  # the bomb fills its quota of 8 within a fraction of that
+    neighbours = [run_python(spawn, lim) for _ in range(2)]
+    t.join(30)
+    assert not t.is_alive() and not out[0].ok
+    assert all(r.ok and r.stdout.strip() == "child ok" for r in neighbours), [r.stderr[-200:] for r in neighbours]
+    assert _sandbox_processes() == []
