@@ -123,6 +123,12 @@ class LLMEnv:
         """c_k = ψ(S_k), the exact ids the sampler sees and the learner trains on."""
         return Ragged.from_rows([self.psi(e.state) for e in episodes], dtype=np.int64)
 
+    def contexts_with(self, episodes: Sequence[ChatEpisode], psi: str | ContextMap) -> Ragged:
+        """ψ'(S_k) for another context map ψ' (e.g. the full history behind a think-stripped rollout):
+        every S_k keeps all its blocks, so any map applies to any episode or boundary snapshot."""
+        other = make_context_map(psi) if isinstance(psi, str) else psi
+        return Ragged.from_rows([other(e.state) for e in episodes], dtype=np.int64)
+
     def turn_index(self, episodes: Sequence[ChatEpisode]) -> np.ndarray:
         return np.fromiter((e.k for e in episodes), dtype=np.int64, count=len(episodes))
 

@@ -228,3 +228,21 @@ def test_bad_inputs(tok):
         env.restore([(0, 1)])
     with pytest.raises(ValueError, match="num_turns"):
         LLMEnv(TASK, tok, num_turns=0)
+
+
+def test_full_history_behind_a_think_stripped_rollout(tok):
+    """The mismatch setting (flat GRPO trains on full history, rollouts saw think-stripped c_k): the
+    identity context of any recorded boundary is recoverable, and differs from what was sampled on."""
+    strip_env, ident_env = _env(tok), _env(tok, psi="identity")
+    rng = np.random.default_rng(0)
+    res = rollout(strip_env, ScriptedSampler(strip_env.chat), strip_env.reset(np.array([1]), rng), np.array([1]),
+                  rng, n=2, record_boundaries=True)
+    res_id = rollout(ident_env, ScriptedSampler(ident_env.chat), ident_env.reset(np.array([1]), rng), np.array([1]),
+                     rng, n=2, record_boundaries=True)
+    for e in range(2):
+        for b, b_id in zip(res.boundaries[e], res_id.boundaries[e]):
+            full = strip_env.contexts_with([b.snapshot], "identity")[0]
+            # same script, same history: same full context
+            assert np.array_equal(full, b_id.context), (strip_env.chat.decode(full)[-400:],
+                                                        ident_env.chat.decode(b_id.context)[-400:])
+            assert (b.k == 0) == np.array_equal(full, b.context)  # only c_0 coincides

@@ -80,3 +80,14 @@ def test_arithmetic_is_seeded_and_correct():
         assert int(it.answer) == eval(expr)  # noqa: S307 - the reference for the hand-written evaluator
     with pytest.raises(ValueError, match="unsupported"):
         arithmetic_task(2, seed=0, ops=("/",))
+
+
+def test_build_task_from_config():
+    from rtpo.llm.tasks import build_task
+
+    assert build_task("arithmetic", n=5, seed=1) == arithmetic_task(5, seed=1)
+    assert len(build_task("math_file", path=str(FIX / "aime25.jsonl"), layout="aime25")) == 2
+    with pytest.raises(ValueError, match="task 'arithmetic'.*nn"):
+        build_task("arithmetic", nn=5, seed=1)
+    with pytest.raises(KeyError, match="valid: arithmetic, math_file"):
+        build_task("gsm")

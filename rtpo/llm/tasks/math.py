@@ -218,3 +218,17 @@ def _eval_int(terms: list[str]) -> int:
             products.append(int(tok))
             signs.append(1 if op == "+" else -1)
     return sum(s * p for s, p in zip(signs, products))
+
+
+TASK_BUILDERS: Registry = Registry("task")
+TASK_BUILDERS.register("arithmetic")(arithmetic_task)
+TASK_BUILDERS.register("math_file")(load_math)
+
+
+def build_task(kind: str, **params: Any) -> MathTask:
+    """A task from config: `build_task("arithmetic", n=64, seed=0)`, `build_task("math_file", path=..., layout="gsm8k")`."""
+    fn = TASK_BUILDERS.get(kind)
+    try:
+        return fn(**params)
+    except TypeError as e:
+        raise ValueError(f"task {kind!r}: {e}") from None
