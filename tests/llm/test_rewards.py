@@ -67,22 +67,24 @@ def test_malformed_answers_never_crash(verifier):
 
 
 @needs_mv
-def test_works_off_the_main_thread_and_times_out():
-    v = MathVerifier(timeout_s=0.5, startup_s=120.0)
+def test_works_off_the_main_thread_and_times_out(verifier):
+    out = []
+    t = threading.Thread(target=lambda: out.append(verifier.score("y*2", "2y")))
+    t.start()
+    t.join(120)
+    assert not t.is_alive() and out[0].reward == 1.0  # math-verify's own signal timeouts would fail here
+    v = MathVerifier(timeout_s=2.0, startup_s=120.0)
     try:
-        assert v.score("x+x", "2x").reward == 1.0  # warm the worker on the main thread
-        out = []
-        t = threading.Thread(target=lambda: out.append((v.score("y*2", "2y"), v.score("9^{9^{9^{9}}}", "3"))))
+        assert v.score("x+x", "2x").reward == 1.0  # warm (start-up is not counted against the timeout)
+        t = threading.Thread(target=lambda: out.append(v.score("9^{9^{9^{9}}}", "3")))
         start = time.monotonic()
         t.start()
-        t.join(60)
-        assert not t.is_alive()
-        ok, stuck = out[0]
-        assert ok.reward == 1.0
+        t.join(120)
+        assert not t.is_alive() and time.monotonic() - start < 120
+        stuck = out[1]
         assert stuck.reward == 0.0 and stuck.status in ("timeout", "incorrect")
         if stuck.status == "timeout":
             assert v._proc is None  # the stuck worker was killed; the next call starts a fresh one
-        assert time.monotonic() - start < 60
         assert v.score("z+z", "2z").reward == 1.0
     finally:
         v.close()
