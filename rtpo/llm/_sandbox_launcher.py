@@ -7,13 +7,15 @@ Protocol: argv[1] is a JSON config; stdin carries the program text.  Exit status
 or 128 + signal number when the program was killed by a signal; 125 when isolation itself failed
 (the reason is written to stderr).
 
-Kernel mode ("namespaces", needs root): unshare PID, network, mount, IPC and UTS namespaces; fork so
-the program is PID 1 of the new PID namespace (when it exits, the kernel kills everything it started);
-mount private tmpfs over /tmp, /var/tmp and /dev/shm (the working folder lives in that tmpfs, so
-nothing it writes persists on the host); a fresh /proc (host processes and their environments are
-invisible); then drop to an unprivileged, per-call uid/gid (RLIMIT_NPROC is not enforced for root),
-set the resource limits and exec the interpreter.  With no network interface but a down loopback,
-every connection fails in the kernel.
+Kernel mode ("namespaces", needs root): unshare PID, network, mount, IPC and UTS namespaces; fork a
+PID 1 for the new PID namespace that stays root, mounts private tmpfs over the world-writable folders
+(/tmp, /var/tmp, /dev/shm, /run/lock; the working folder lives in the /tmp one, so nothing written
+persists on the host), hides the caller's home behind an empty tmpfs (binding the interpreter's own
+folders back read-only), mounts a fresh /proc (host processes and their environments are invisible),
+and forks the program as PID 2 under an unprivileged per-call uid/gid (RLIMIT_NPROC is not enforced
+for root, and a uid of its own keeps one call's processes from counting against another's) with the
+resource limits set.  When the program exits, PID 1 exits and the kernel kills whatever it left.
+The network namespace has only a loopback that is down, so every connection fails in the kernel.
 
 Fallback mode ("rlimits", not root): resource limits, a fresh session, and a socket guard installed
 in Python before the program runs.  It cannot stop writes outside the folder; the parent warns.
@@ -133,7 +135,9 @@ def _namespaces(cfg, code):
             keep[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
     size = f"size={int(cfg['limits']['tmpfs_bytes'])},mode=1777".encode()
     covered = []
-    for target in ("/tmp", "/var/tmp", "/dev/shm"):
+    # every world-writable folder of a usual Linux (the per-call uid owns nothing, so these are the only
+    # places it could write); a symlink (/var/lock -> /run/lock) is covered through its target
+    for target in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/run/shm"):
         if os.path.isdir(target) and not os.path.islink(target):
             _check(libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size), f"tmpfs on {target}")
             covered.append(target)

@@ -106,6 +106,7 @@ def test_writes_outside_its_folder_do_not_appear(tmp_path):
         f"/tmp/escape-{tag}.txt",
         f"/dev/shm/escape-{tag}.txt",
         f"/var/tmp/escape-{tag}.txt",
+        f"/run/lock/escape-{tag}.txt",
         os.path.join(os.getcwd(), f"escape-{tag}.txt"),
     ]
     code = ("import os\nfor p in %r:\n"
