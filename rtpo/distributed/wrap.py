@@ -89,6 +89,7 @@ def wrap_with_ray(
     tool_factory: Callable[[], Callable[[Any], Any]] | None = None,
     driver: Any = None,
     num_cpus: int | None = None,
+    placement_timeout_s: float = 120.0,
 ) -> RayRunContext:
     """Build the Ray layout for `resources` and return a RunContext over it.
 
@@ -109,7 +110,7 @@ def wrap_with_ray(
     owns = init_ray(address, num_cpus)
     placement = pool = tools = learner = None
     try:
-        placement = Placement(res)
+        placement = Placement(res, timeout_s=placement_timeout_s)
         pool = RayRolloutPool(
             ctx_factory, res.rollout_workers, num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_rollout_worker,
             max_restarts=res.max_restarts, inflight_per_worker=res.inflight_per_worker,
