@@ -13,6 +13,7 @@ _WHERE = {
     "Placement": "resources", "Resources": "resources",
     "RayRolloutPool": "pool", "RemoteWeights": "pool", "RayToolPool": "tools",
     "RayLearner": "trainer", "TrainerFailure": "trainer",
+    "ScenarioFactory": "runner", "distribute": "runner",
     "RayRunContext": "wrap", "init_ray": "wrap", "wrap_with_ray": "wrap",
 }
 __all__ = sorted(_WHERE)

@@ -92,6 +92,10 @@ class RayRolloutPool(PullPool):
         if load_s:
             self._metrics["ray/weight_load_max_s"] = max(self._metrics.get("ray/weight_load_max_s", 0.0), max(load_s))
 
+    def current_weights(self) -> Any:
+        """The weights the workers hold (None before the first load_weights: the factory's own)."""
+        return None if self._ref is None else self._ray.get(self._ref)
+
     def run_chunks(self, chunks: Sequence[Chunk]) -> list[RolloutResult]:
         t0 = time.perf_counter()
         version, box = self.version, [self._ref]

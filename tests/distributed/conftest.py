@@ -32,14 +32,18 @@ def wait_until_gone(session_dir: str, timeout_s: float = 20.0) -> list[str]:
     return left
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_cluster():
+    """One 2-CPU local cluster for all distributed tests (each start costs seconds on 2 cores)."""
     ray = pytest.importorskip("ray", reason="the distributed extra (ray) is not installed")
     from rtpo.distributed import init_ray
 
     if not init_ray(num_cpus=2):
         pytest.fail("a Ray session was already running in this process; the tests need their own")
     session_dir = ray._private.worker._global_node.get_session_dir_path()
+    running = ray_processes(session_dir)
+    # the survivor check below can see this session's processes, so an empty list there means something
+    assert any("raylet" in p for p in running) and any("gcs_server" in p for p in running), running
     yield session_dir
     ray.shutdown()
     left = wait_until_gone(session_dir)

@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-pytest.importorskip("ray", reason="the distributed extra (ray) is not installed")
+ray = pytest.importorskip("ray", reason="the distributed extra (ray) is not installed")
 
 from rtpo.core import Budget, methods  # noqa: E402
 from rtpo.core.methods.base import RunContext  # noqa: E402
@@ -192,8 +192,6 @@ def test_a_dead_trainer_resumes_from_the_last_checkpoint_and_ends_where_an_unbro
                 _checkpoint(ckpt, ray_ctx, iteration, state)
             while state.pending:
                 if iteration == 1 and state.done_phases == 2 and not killed:
-                    import ray
-
                     ray.kill(ray_ctx.learner.workers[0])
                     killed = True
                 m.phase(ray_ctx, state)
@@ -210,3 +208,9 @@ def test_a_dead_trainer_resumes_from_the_last_checkpoint_and_ends_where_an_unbro
     assert killed
     assert np.allclose(ref.learner.weights(), ray_ctx.learner.weights(), rtol=0, atol=1e-12)
     assert ray_ctx.budget == ref.budget
+
+
+def test_a_resources_section_the_cluster_cannot_hold_is_a_clear_error(ray_cluster):
+    with pytest.raises(RuntimeError, match="cannot place the resources section"):
+        wrap_with_ray(FACTORY, {"rollout_workers": 1, "gpus_per_rollout_worker": 1.0}, placement_timeout_s=2.0)
+    assert ray.is_initialized()  # a cluster the caller started stays up
