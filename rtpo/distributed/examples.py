@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -31,3 +32,22 @@ class TabularToolChain:
             env=TabularEnv(mdp), sampler=TabularSampler(pol, p0), learner=TabularLearner(pol, p0, lr=self.lr),
             rng=np.random.default_rng(self.rng_seed),
         )
+
+
+@dataclass(frozen=True)
+class FSDPTrainerFactory:
+    """A trainer-role factory for the LLM backend's FSDP2 learner: each rank of a RayLearner group builds
+    its shard with the group's rank and size (the process group already exists when it is called)."""
+
+    model_dir: str
+    learner_config: Any = None
+
+    def __call__(self, role: str = "trainer") -> RunContext:
+        import torch.distributed as dist
+
+        from rtpo.llm.learner import FSDPLearner, LearnerConfig
+
+        cfg = self.learner_config if self.learner_config is not None else LearnerConfig()
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        learner = FSDPLearner(self.model_dir, cfg, rank=rank, world_size=world)
+        return RunContext(env=None, sampler=None, learner=learner, rng=np.random.default_rng(0))
