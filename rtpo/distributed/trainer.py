@@ -1,7 +1,8 @@
 """The trainer worker group: N Ray actors forming one torch.distributed process group, seen as one Learner.
 
-Every Learner call goes to all ranks at once (SPMD, as FSDP needs: each rank runs the same step on its
-shard) and rank 0's answer is returned.  A group whose member dies cannot be patched with a restarted
+Every Learner call goes to all ranks at once (SPMD: each rank runs the same step on its shard) and rank
+0's answer is returned — or, for a learner that rank 0 drives while the other ranks run `serve()`
+(rtpo.llm's FSDPLearner), to rank 0 alone, with the serve loops started once and watched.  A group whose member dies cannot be patched with a restarted
 rank, so trainer actors are not restarted: the call raises TrainerFailure, and the run resumes from its
 last atomic checkpoint with a fresh group (the runner's job; see docs/distributed.md).
 """
@@ -50,6 +51,14 @@ class TrainerWorker:
         self.learner = build_parts(self.factory, "trainer").learner
         return os.getpid()
 
+    def driven(self) -> bool:
+        """True if the learner is driven by rank 0 alone while the other ranks run serve()
+        (rtpo.llm's FSDPLearner); False for an SPMD learner that every rank calls."""
+        return self.world_size > 1 and callable(getattr(self.learner, "serve", None))
+
+    def serve(self) -> None:
+        self.learner.serve()
+
     def call(self, name: str, *args: Any) -> Any:
         return getattr(self.learner, name)(*args)
 
@@ -88,11 +97,29 @@ class RayLearner:
                 opts["scheduling_strategy"] = strategy(r)
             self.workers.append(cls.options(**opts).remote(factory, r, world_size))
         host, port = ray.get(self.workers[0].address.remote())
+        self._serving: list = []
         self.pids = self._all("setup", host, port, backend, method=True)
+        # a learner that rank 0 drives (the others obey its broadcasts) gets its serve loops started
+        self.driven = bool(ray.get(self.workers[0].driven.remote()))
+        if self.driven:
+            self._serving = [w.serve.remote() for w in self.workers[1:]]
 
     def _all(self, name: str, *args: Any, method: bool = False) -> list:
-        refs = [getattr(w, name).remote(*args) if method else w.call.remote(name, *args) for w in self.workers]
+        """Call every rank (SPMD), or rank 0 alone when it drives; results in rank order.
+
+        The serve loops are watched too: a dead serving rank would leave rank 0 blocked in a collective.
+        """
+        targets = self.workers if (method or not self.driven) else self.workers[:1]
+        refs = [getattr(w, name).remote(*args) if method else w.call.remote(name, *args) for w in targets]
+        pending = list(refs)
         try:
+            while pending:
+                done, _ = self._ray.wait(pending + self._serving, num_returns=1)
+                for ref in done:
+                    if ref in self._serving:
+                        self._ray.get(ref)  # raises if the rank died
+                        raise self._ray.exceptions.RayActorError()  # a serve loop never returns on its own
+                    pending.remove(ref)
             return self._ray.get(refs)
         except self._ray.exceptions.RayActorError as e:
             raise TrainerFailure(
@@ -111,6 +138,11 @@ class RayLearner:
 
     def remote_weights(self) -> RemoteWeights:
         """Rank 0's weights as an object-store ref, for a broadcast that never passes through the driver."""
+        if self.driven:
+            try:
+                return RemoteWeights(self._ray.get(self.workers[0].put_weights.remote())[0])
+            except self._ray.exceptions.RayActorError as e:
+                raise TrainerFailure(f"trainer rank 0 died during 'weights' ({type(e).__name__})") from None
         return RemoteWeights(self._all("put_weights", method=True)[0][0])
 
     def state_dict(self) -> dict:
