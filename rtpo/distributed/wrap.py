@@ -31,9 +31,19 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     if not os.access(home, os.W_OK):
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    if address is None:
-        kwargs["num_cpus"] = num_cpus
-    ray.init(address=address, **kwargs)
+    if address is not None:
+        ray.init(address=address, **kwargs)
+        return True
+    # A local start waits a fixed 30 s for its raylet; on an overloaded machine that can pass, so a
+    # local start is tried twice before the error goes up.
+    for attempt in (1, 2):
+        try:
+            ray.init(num_cpus=num_cpus, **kwargs)
+            return True
+        except Exception as e:  # ray raises a bare Exception for this timeout
+            ray.shutdown()
+            if attempt == 2 or "timed out during startup" not in str(e):
+                raise
     return True
 
 
