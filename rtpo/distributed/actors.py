@@ -68,7 +68,7 @@ class PullPool:
             opts["scheduling_strategy"] = self._strategy(i)
         return self._cls.options(**opts).remote(self.factory)
 
-    def _map(self, n: int, submit: Callable[[Any, int], Any]) -> list:
+    def _map(self, n: int, submit: Callable[[Any, int], Any], lock: Any = None) -> list:
         """Run tasks 0..n-1 (submit(actor, i) -> ObjectRef) on idle actors; results in task order."""
         results: list = [None] * n
         queue = deque(range(n))
@@ -91,7 +91,11 @@ class PullPool:
                     # already in `results` and are not repeated
                     self.failures += 1
                     queue.appendleft(c)
-                    self._revive(w)
+                    if lock is None:
+                        self._revive(w)
+                    else:
+                        with lock:
+                            self._revive(w)
                 slots.append(w)
         p = self.prefix
         self._add(f"{p}/tasks", float(n))

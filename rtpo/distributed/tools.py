@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rtpo.distributed.actors import Faulty, PullPool
@@ -26,6 +29,35 @@ class RayToolPool(PullPool):
     def __init__(self, factory: Callable[[], Callable[[Any], Any]], num_workers: int, **kw: Any) -> None:
         super().__init__(ToolWorker, factory, num_workers, prefix="tools", **kw)
 
-    def map(self, items: Sequence[Any]) -> list:
+    def map(self, items: Sequence[Any], lock: Any = None) -> list:
+        """tool(item) for each item, in order.  `lock` serialises actor revival between threads."""
         items = list(items)
-        return self._map(len(items), lambda w, i: w.run.remote(items[i]))
+        return self._map(len(items), lambda w, i: w.run.remote(items[i]), lock=lock)
+
+
+def _star(fn: Callable[..., Any], args: tuple) -> Any:
+    return fn(*args)
+
+
+@dataclass(frozen=True)
+class StarTool:
+    """A picklable tool factory: each tool worker gets `args -> fn(*args)` (fn importable, e.g.
+    rtpo.llm.sandbox.run_python)."""
+
+    fn: Callable[..., Any]
+
+    def __call__(self) -> Callable[[tuple], Any]:
+        return functools.partial(_star, self.fn)
+
+
+class PoolTool:
+    """A plain callable `tool(*args)` that runs on a RayToolPool built with StarTool(fn): drop-in for an
+    environment's injectable tool runner (LLMEnv(run_tool=PoolTool(pool))).  Safe to call from the
+    environment's own threads: every call is its own pool task."""
+
+    def __init__(self, pool: RayToolPool) -> None:
+        self.pool = pool
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        return self.pool.map([args], lock=self._lock)[0]

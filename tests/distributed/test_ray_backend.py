@@ -214,3 +214,22 @@ def test_a_resources_section_the_cluster_cannot_hold_is_a_clear_error(ray_cluste
     with pytest.raises(RuntimeError, match="cannot place the resources section"):
         wrap_with_ray(FACTORY, {"rollout_workers": 1, "gpus_per_rollout_worker": 1.0}, placement_timeout_s=2.0)
     assert ray.is_initialized()  # a cluster the caller started stays up
+
+
+def test_the_llm_python_sandbox_runs_on_the_tool_pool_and_survives_a_dead_worker(ray_cluster):
+    """LLMEnv's injectable run_tool backed by the Ray tool pool: same results as the local sandbox."""
+    sandbox = pytest.importorskip("rtpo.llm.sandbox", reason="the LLM environment (rtpo.llm) is not on this branch")
+    from rtpo.distributed import PoolTool, StarTool
+
+    pool = RayToolPool(StarTool(sandbox.run_python), 2, num_cpus=0.25, max_restarts=1)
+    try:
+        tool = PoolTool(pool)
+        pool.arm_fault(0, after_tasks=2)  # single calls go to worker 0 first: it dies on the 3rd
+        codes = [f"print({i} * {i} + 1)" for i in range(4)]
+        got = [tool(c, sandbox.SandboxLimits()) for c in codes]
+        assert [r.stdout.strip() for r in got] == [str(i * i + 1) for i in range(4)]
+        assert all(r.ok for r in got) and pool.failures == 1
+        want = sandbox.run_python(codes[3], sandbox.SandboxLimits())
+        assert (got[3].stdout, got[3].ok) == (want.stdout, want.ok)
+    finally:
+        pool.shutdown()
