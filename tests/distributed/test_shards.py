@@ -59,7 +59,7 @@ def test_sharded_siblings_have_the_law_of_the_plain_driver():
     snaps = [row[1].snapshot for row in trunks.boundaries if len(row) > 1]
     q = q[: len(snaps)]
     plain = rollout(base.env, base.sampler, base.env.restore(snaps), q, np.random.default_rng(1), n=1)
-    env, sampler = local_sharded(base.env, base.sampler, chunk_size=8)
+    env, sampler = local_sharded(base.env, base.sampler, chunk_size=64)  # 47 streams, not one
     sharded = rollout(env, sampler, env.restore(snaps), q, np.random.default_rng(2), n=1)
     x = np.array([t.ret for t in plain.trajectories])
     y = np.array([t.ret for t in sharded.trajectories])
