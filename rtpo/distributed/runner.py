@@ -24,14 +24,22 @@ MODES = ("none", "sharded", "ray")
 
 @dataclass(frozen=True)
 class ScenarioFactory:
-    """A picklable context factory: the scenario's own backend builder, run inside a worker."""
+    """A picklable context factory: the scenario's own backend builder, run inside a worker.
+
+    A backend spec with an optional `build_role(cfg, role) -> RunContext` builds only what the role uses
+    (and its learner for the trainer group's rank); otherwise the full `build(cfg).ctx` is used.
+    """
 
     cfg: Any
 
     def __call__(self, role: str = "driver") -> RunContext:
         from rtpo.backends import get_backend
 
-        return get_backend(self.cfg.backend.kind).build(self.cfg).ctx
+        spec = get_backend(self.cfg.backend.kind)
+        build_role = getattr(spec, "build_role", None)
+        if build_role is not None:
+            return build_role(self.cfg, role)
+        return spec.build(self.cfg).ctx
 
 
 def distribute(
