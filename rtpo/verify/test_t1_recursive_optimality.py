@@ -122,14 +122,14 @@ def trap_mdp() -> TurnMDP:
 def test_T1b_one_reverse_sweep_is_backward_induction_eq25():
     """T1b, Thm 1(b), Eq. 25–27, through the real RTPO method: ONE iteration (phases k = 1 then 0) of the
     real method on trap_mdp() yields the greedy policy of backward induction (solve()).  Turn 1's phase
-    (ε = 0.8, 10 epochs) sharpens π(0 | hard) to ≈ 0.95, after which turn 0's siblings see Q(0) ≈ 0.95 vs
+    (ε = 0.9, 20 epochs) sharpens π(0 | hard) to ≈ 0.97, after which turn 0's siblings see Q(0) ≈ 0.95 vs
     Q(1) ≈ 0.70.  Design bound: with m ≥ 200 turn-0 siblings per action (64 trunks × 8), the estimated
     mean-return difference has the wrong sign with probability ≤ exp(−m·gap²) (Hoeffding for a
     difference of two means of m returns in [0, 1]) < 1e-3 for gap ≥ 0.2 — computed below.  A forward sweep faces gap −0.175 and learns action 1."""
     mdp = trap_mdp()
     sol = solve(mdp)
     ctx = make_context(mdp, lr=0.1, seed=2)
-    run_iteration(make_rtpo(G=9, epochs=10, clip_eps=0.8), ctx, 64)
+    run_iteration(make_rtpo(G=9, epochs=20, clip_eps=0.9), ctx, 64)
     table = ctx.learner.policy.table(ctx.learner.weights())
     pi1 = table[1, 0, 0]
     q0 = pi1 * 1.0, 0.7 * table[1, 1, 0] + 0.65 * table[1, 1, 1]
