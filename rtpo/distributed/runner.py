@@ -12,6 +12,8 @@ works without knowing about Ray.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +66,11 @@ def distribute(
 
     from rtpo.distributed.wrap import wrap_with_ray
 
+    if address is None and num_cpus is None:
+        # a local cluster gets at least the logical CPUs its own layout asks for (oversubscribing a
+        # small machine is fine for actors that mostly wait), so the default layout always places
+        need = math.ceil(sum(b.get("CPU", 0.0) for b in res.bundles()))
+        num_cpus = max(os.cpu_count() or 1, need)
     ctx = wrap_with_ray(ScenarioFactory(cfg), res, address, driver=local, num_cpus=num_cpus)
 
     def evaluate() -> dict[str, float]:
