@@ -120,6 +120,18 @@ def plan_micro_batches(batch: TurnBatch, world_size: int, micro_batch_tokens: in
     return plan
 
 
+def _detached(tree: Any) -> Any:
+    """A copy of every tensor in a nested state dict.  With one CPU rank the 'full' state dict
+    shares storage with the live parameters and optimiser moments; a snapshot must not move with them."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _detached(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_detached(v) for v in tree)
+    return tree
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -354,7 +366,8 @@ class FSDPLearner:
     def _do_weights(self, _: Any = None) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return _detached(sd) if self.world_size == 1 else sd  # more ranks: already gathered copies
 
     def state_dict(self) -> dict:
         return self._call("state_dict")
@@ -369,8 +382,8 @@ class FSDPLearner:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
             ref = get_model_state_dict(self.ref_model, options=opts)
-        return {"model": model_sd, "optim": optim_sd, "ref": ref, "steps": self.steps,
-                "config": asdict(self.cfg)}
+        return _detached({"model": model_sd, "optim": optim_sd, "ref": ref, "steps": self.steps,
+                          "config": asdict(self.cfg)})
 
     def load_state_dict(self, state: dict) -> None:
         # the (large) state stays on rank 0 and is broadcast tensor by tensor by torch
