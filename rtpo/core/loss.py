@@ -74,8 +74,8 @@ class FlatBatch:
         _, seq_index = np.unique(batch.seq_id, return_inverse=True)
         token_seq = np.repeat(seq_index, lengths)
         return FlatBatch(
-            old_logp=torch.as_tensor(batch.old_logp.values, dtype=dtype),
-            advantages=torch.as_tensor(batch.advantages.values, dtype=dtype),
+            old_logp=torch.tensor(batch.old_logp.values, dtype=dtype),
+            advantages=torch.tensor(batch.advantages.values, dtype=dtype),
             weight=torch.as_tensor(np.repeat(batch.weight, lengths), dtype=dtype),
             token_seq=torch.as_tensor(token_seq, dtype=torch.int64),
             num_seqs=int(seq_index.max()) + 1 if seq_index.size else 0,

@@ -100,16 +100,17 @@ def _assemble(steps, num, query_ids, start_turn, gamma, record_boundaries) -> Ro
         flat_snaps = [x for s in steps for x in s["snaps"]]
         snaps = [flat_snaps[i] for i in order]
 
+    # every step of an episode advances its turn by one (checked once, vectorised)
+    local = np.arange(ids.size) - np.repeat(bounds[:-1], counts)
+    if not np.array_equal(turn, np.repeat(start_turn, counts) + local):
+        raise RuntimeError("environment turn index did not advance by one per step")
     trajectories: list[Trajectory] = []
     boundaries: list[list[Boundary]] | None = [] if record_boundaries else None
     for e in range(num):
         lo, hi = int(bounds[e]), int(bounds[e + 1])
-        sl = np.arange(lo, hi)
-        if not np.array_equal(turn[sl], np.arange(start_turn[e], start_turn[e] + hi - lo)):
-            raise RuntimeError("environment turn index did not advance by one per step")
         trajectories.append(
             Trajectory(
-                contexts=contexts.take(sl), tokens=tokens.take(sl), logp=logp.take(sl),
+                contexts=_rows(contexts, lo, hi), tokens=_rows(tokens, lo, hi), logp=_rows(logp, lo, hi),
                 rewards=reward[lo:hi], durations=duration[lo:hi], malformed=malformed[lo:hi],
                 query_id=int(query_ids[e]), start_turn=int(start_turn[e]), gamma=gamma,
             )
@@ -119,3 +120,11 @@ def _assemble(steps, num, query_ids, start_turn, gamma, record_boundaries) -> Ro
                 [Boundary(trunk=e, k=int(turn[i]), snapshot=snaps[i], context=contexts[i]) for i in range(lo, hi)]
             )
     return RolloutResult(trajectories, boundaries, tokens=int(tokens.values.size), turns=int(ids.size))
+
+
+def _rows(r: Ragged, lo: int, hi: int) -> Ragged:
+    """Rows lo..hi-1 of r, which are contiguous after the episode sort: a slice, not a gather."""
+    off = r.offsets[lo : hi + 1]
+    rebased = off - off[0]
+    rebased.flags.writeable = False
+    return Ragged._unchecked(r.values[off[0] : off[-1]], rebased)  # a read-only view of a checked Ragged

@@ -47,6 +47,16 @@ class Ragged:
         object.__setattr__(self, "values", values)
         object.__setattr__(self, "offsets", offsets)
 
+    @classmethod
+    def _unchecked(cls, values: np.ndarray, offsets: np.ndarray) -> "Ragged":
+        """A Ragged from read-only arrays already known to satisfy the invariants (e.g. a contiguous
+        slice of a checked Ragged).  Skips __post_init__, whose checks dominated per-episode assembly
+        in the rollout driver."""
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "values", values)
+        object.__setattr__(obj, "offsets", offsets)
+        return obj
+
     @staticmethod
     def from_rows(rows: Sequence[np.ndarray], dtype: Any = None) -> "Ragged":
         rows = [np.asarray(r).reshape(-1) for r in rows]

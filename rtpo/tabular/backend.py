@@ -155,7 +155,7 @@ class TabularLearner:
             raise ValueError("tabular responses are exactly one token (the action)")
         turn, ctx = _decode_contexts(batch.contexts)
         lp = self.policy.log_probs(params, turn, ctx)
-        return lp.gather(1, torch.as_tensor(batch.tokens.values)[:, None]).squeeze(1)
+        return lp.gather(1, torch.tensor(batch.tokens.values)[:, None]).squeeze(1)
 
     def logprobs(self, batch: TurnBatch) -> Ragged:
         with torch.no_grad():

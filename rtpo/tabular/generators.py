@@ -7,6 +7,18 @@ import numpy as np
 from rtpo.tabular.mdp import TurnMDP
 
 
+# Above this many (s, a, s') cells the argsort draw would need S·A·S floats (10 GB for the 10⁵-state
+# benchmark MDP); smaller MDPs keep the original draw, so existing seeds give the same MDPs.
+_DENSE_DRAW_LIMIT = 1 << 22
+
+
+def _distinct_successors(rng: np.random.Generator, S: int, A: int, B: int) -> np.ndarray:
+    """(S, A, B) distinct successor ids per row in O(S·A·B): B sorted draws from 0..S−B, plus 0..B−1
+    (a bijection from multisets onto B-subsets), in random order."""
+    base = np.sort(rng.integers(0, S - B + 1, size=(S, A, B)), axis=-1) + np.arange(B)
+    return np.take_along_axis(base, np.argsort(rng.random((S, A, B)), axis=-1), axis=-1)
+
+
 def random_mdp(
     seed: int,
     num_turns: int = 3,
@@ -32,8 +44,10 @@ def random_mdp(
     for k in range(K):
         if B == S:
             sk = np.broadcast_to(np.arange(S), (S, A, S)).copy()
+        elif S * A * S <= _DENSE_DRAW_LIMIT:
+            sk = np.argsort(rng.random((S, A, S)), axis=-1)[..., :B]  # a uniform B-subset per row
         else:
-            sk = np.argsort(rng.random((S, A, S)), axis=-1)[..., :B]
+            sk = _distinct_successors(rng, S, A, B)
         pk = rng.dirichlet(np.ones(B), size=(S, A))
         r = rng.random((S, A))
         ends = np.zeros((S, A), dtype=bool) if k < K - 1 else np.ones((S, A), dtype=bool)

@@ -1,0 +1,82 @@
+"""Backend registry: a backend kind names its config section, its task parser, a builder and (optionally)
+an exact solver.  The runner and the CLI look a kind up here and never branch on it.
+
+A backend registers itself when its module is imported; `_PROVIDERS` says which module provides each
+built-in kind, so `backend.kind: llm` imports rtpo.llm.build on first use and nothing else needs editing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rtpo.core.methods import RunContext
+from rtpo.core.registry import Registry
+
+if TYPE_CHECKING:
+    from rtpo.config import ScenarioConfig
+
+
+@dataclass
+class BuiltBackend:
+    """What a builder returns: the objects a method drives plus how to evaluate and checkpoint them.
+
+    ctx:                the core RunContext (env, sampler, learner, rng, budget).
+    evaluate:           () -> metrics of the learner's current policy (tabular: exact value, V*, ratio).
+    sampler_state:      () -> picklable sampler weights (they may lag the learner's between syncs).
+    load_sampler_state: restores what sampler_state returned.
+    num_queries:        size of the query set (ids cycle through it); None = unbounded ids.
+    value_key:          the evaluate() metric that is the policy's value (plotted, summarised).
+    optimum_key:        the evaluate() metric holding the exact optimum, if the backend knows one.
+    reference_keys:     further evaluate() metrics drawn as horizontal lines on the learning curve.
+    """
+
+    ctx: RunContext
+    evaluate: Callable[[], dict[str, float]]
+    sampler_state: Callable[[], Any]
+    load_sampler_state: Callable[[Any], None]
+    num_queries: int | None = None
+    value_key: str = "eval/value"
+    optimum_key: str | None = None
+    reference_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """config:     the backend section's pydantic model (a rtpo.config.BackendConfig subclass).
+    parse_task:    raw `task` mapping -> typed task section (raises ConfigError naming `task.<key>`);
+                   the returned object has to_dict() giving back plain data.
+    build:         (ScenarioConfig) -> BuiltBackend.
+    solve:         optional (ScenarioConfig) -> text for `rtpo solve` (exact optimum and policy)."""
+
+    config: type
+    parse_task: Callable[[Any], Any]
+    build: Callable[[ScenarioConfig], BuiltBackend]
+    solve: Callable[[ScenarioConfig], str] | None = None
+
+
+BACKENDS: Registry[BackendSpec] = Registry("backend")
+
+# kind -> module whose import registers it (kept lazy: an LLM backend pulls in heavy packages)
+_PROVIDERS: dict[str, str] = {"tabular": "rtpo.tabular.build", "llm": "rtpo.llm.build"}
+
+
+def register_backend(name: str, spec: BackendSpec) -> BackendSpec:
+    return BACKENDS.register(name)(spec)
+
+
+def get_backend(kind: Any) -> BackendSpec:
+    """The spec of `kind`, importing its provider module on first use.  KeyError lists the valid kinds."""
+    if not isinstance(kind, str):
+        raise KeyError(f"must be a string naming a backend, got {kind!r}")
+    if kind not in BACKENDS and kind in _PROVIDERS:
+        try:
+            importlib.import_module(_PROVIDERS[kind])
+        except ModuleNotFoundError as e:
+            raise KeyError(f"backend {kind!r} is not available here ({e})") from None
+    if kind not in BACKENDS:
+        valid = ", ".join(sorted(set(BACKENDS.names()) | set(_PROVIDERS)))
+        raise KeyError(f"unknown backend {kind!r}; valid: {valid}")
+    return BACKENDS.get(kind)

@@ -1,0 +1,293 @@
+"""Typed scenario configs: load a YAML scenario, apply `key.sub=value` overrides, validate every key.
+
+A scenario has the sections `name`, `seed`, `backend`, `task`, `method`, `budget`, `train`, `eval` and
+`logging`.  `backend.kind` picks a registered backend (rtpo.backends), which validates `task`;
+`method.name` picks a registered method, whose `Config` dataclass validates the rest of `method`, so a
+new method or backend needs no edit here.  Every failure is a ConfigError whose message is one line
+that starts with the offending key (`method.G: must be >= 2 ..., got 1`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+SECTIONS = ("name", "seed", "backend", "task", "method", "budget", "train", "eval", "logging")
+
+
+class ConfigError(ValueError):
+    """A bad scenario file, key or value; str(err) is one line naming the key."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))  # guarantee a single line
+
+
+# -- YAML with floats as people write them ---------------------------------------------------------
+class _Loader(yaml.SafeLoader):
+    """PyYAML (YAML 1.1) reads `1e-3` as a string; scenario files mean a float."""
+
+
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{where}: invalid YAML{at}: {problem}") from None
+
+
+# -- sections shared by every backend ---------------------------------------------------------------
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class BackendConfig(Section):
+    """Base of every backend section; a backend registers a subclass with its own fields."""
+
+    kind: str = Field(description="registered backend: tabular | llm")
+
+
+class BudgetConfig(Section):
+    iterations: int = Field(20, ge=1, description="training iterations (one batch of queries each)")
+    queries_per_iteration: int = Field(32, ge=1, description="queries (prompts) per iteration")
+    max_rollouts: int | None = Field(None, ge=1, description="stop once this many rollouts are spent (null = no cap)")
+
+
+class TrainConfig(Section):
+    lr: float = Field(0.1, gt=0, description="learning rate of the optimiser")
+    optimizer: Literal["adam", "sgd"] = Field("adam", description="optimiser: adam | sgd")
+
+
+class EvalConfig(Section):
+    every: int = Field(1, ge=1, description="evaluate the policy after every N-th phase (and after the last)")
+    target: float = Field(0.95, gt=0, le=1, description="summary reports whether value >= target * optimum")
+
+
+class LoggingConfig(Section):
+    progress: bool = Field(True, description="rich progress bar (only on a terminal)")
+    plot: bool = Field(True, description="write learning_curve.png at the end of the run")
+
+
+class MethodSection(BaseModel):
+    """`method: {name: <registered>, **fields of that method's Config dataclass}`."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    name: str = Field(description="registered method (rtpo.core.methods)")
+    config: Any = Field(description="an instance of the method's Config dataclass")
+
+    def build(self):
+        from rtpo.core import methods
+
+        return methods.get(self.name)(self.config)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **asdict(self.config)}
+
+
+class ScenarioConfig(BaseModel):
+    """A resolved, validated scenario.  `task` is the backend's own typed task section."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    name: str = Field(description="scenario name (first part of the run folder name)")
+    seed: int = Field(0, description="seed of the run's numpy generator and of parameter init")
+    backend: Any = Field(description="backend section (a BackendConfig subclass chosen by kind)")
+    task: Any = Field(description="task section, typed by the backend")
+    method: MethodSection = Field(description="method name and its Config fields")
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, description="how much to generate")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="optimiser settings")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation schedule and target")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="progress bar and plots")
+
+    def to_dict(self) -> dict:
+        """The resolved config as plain data; parse_scenario(cfg.to_dict()) == cfg."""
+        task = self.task.to_dict() if hasattr(self.task, "to_dict") else self.task.model_dump()
+        return {
+            "name": self.name, "seed": self.seed, "backend": self.backend.model_dump(), "task": task,
+            "method": self.method.to_dict(), "budget": self.budget.model_dump(), "train": self.train.model_dump(),
+            "eval": self.eval.model_dump(), "logging": self.logging.model_dump(),
+        }
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# -- validation helpers (also used by backends for their task sections) -----------------------------
+def _fmt_input(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def pydantic_error(e: ValidationError, prefix: str) -> ConfigError:
+    """The first error of a pydantic ValidationError as a one-line ConfigError under `prefix`."""
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+    if err["type"] == "extra_forbidden":
+        return ConfigError(f"{loc}: unknown key")
+    if err["type"] == "missing":
+        return ConfigError(f"{loc}: required key missing")
+    msg = err["msg"]
+    msg = re.sub(r"^Value error, ", "", msg)
+    msg = re.sub(r"^Input should be ", "must be ", msg)
+    msg = msg.replace("greater than or equal to", ">=").replace("less than or equal to", "<=")
+    msg = msg.replace("greater than", ">").replace("less than", "<")
+    return ConfigError(f"{loc}: {msg}, got {_fmt_input(err.get('input'))}")
+
+
+def validate_model(model: type[BaseModel], data: Any, prefix: str) -> BaseModel:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix}: must be a mapping, got {_fmt_input(data)}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise pydantic_error(e, prefix) from None
+
+
+def validate_dataclass(cls: type, data: dict, prefix: str, reserved: tuple[str, ...] = ()) -> Any:
+    """Build dataclass `cls` from `data`, checking each field's type strictly (an int is a float, a
+    bool is not an int) and turning __post_init__'s ValueError into an error naming the field it
+    starts with.  Keys in `reserved` belong to the caller and are skipped."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    values = {}
+    for key, raw in data.items():
+        if key in reserved:
+            continue
+        if key not in fields:
+            valid = ", ".join(sorted((*reserved, *fields)))
+            raise ConfigError(f"{prefix}.{key}: unknown key (valid: {valid})")
+        try:
+            values[key] = TypeAdapter(hints[key], config=ConfigDict(strict=True)).validate_python(raw)
+        except ValidationError as e:
+            raise pydantic_error(e, f"{prefix}.{key}") from None
+    try:
+        return cls(**values)
+    except (ValueError, TypeError, KeyError) as e:
+        msg = " ".join(str(e.args[0] if e.args else e).split())
+        head, _, rest = msg.partition(" ")
+        if head in fields and rest:  # "G must be >= 2 ..." names its field first
+            raise ConfigError(f"{prefix}.{head}: {rest}") from None
+        # a registry lookup ("unknown estimator 'x'; valid: ...") names the bad value instead
+        named = [k for k, v in values.items() if isinstance(v, str) and repr(v) in msg]
+        if len(named) == 1:
+            raise ConfigError(f"{prefix}.{named[0]}: {msg}") from None
+        raise ConfigError(f"{prefix}: {msg}") from None
+
+
+def _method_section(data: Any) -> MethodSection:
+    from rtpo.core import methods
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"method: must be a mapping, got {_fmt_input(data)}")
+    name = data.get("name")
+    if name is None:
+        raise ConfigError("method.name: required key missing")
+    if not isinstance(name, str) or name not in methods.METHODS:
+        raise ConfigError(f"method.name: unknown method {name!r} (valid: {', '.join(methods.names())})")
+    cfg = validate_dataclass(methods.get(name).Config, data, "method", reserved=("name",))
+    return MethodSection(name=name, config=cfg)
+
+
+def parse_scenario(data: Any) -> ScenarioConfig:
+    """Validate a scenario given as plain data (a parsed YAML mapping)."""
+    from rtpo.backends import get_backend
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"scenario: must be a mapping of sections, got {_fmt_input(data)}")
+    for key in data:
+        if key not in SECTIONS:
+            raise ConfigError(f"{key}: unknown key (valid: {', '.join(SECTIONS)})")
+    for key in ("name", "backend", "task", "method"):
+        if key not in data:
+            raise ConfigError(f"{key}: required key missing")
+    name, seed = data["name"], data.get("seed", 0)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ConfigError(f"name: must be a string of letters, digits, '_', '.', '-', got {_fmt_input(name)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed: must be a non-negative integer, got {_fmt_input(seed)}")
+    backend_raw = data["backend"]
+    if not isinstance(backend_raw, dict):
+        raise ConfigError(f"backend: must be a mapping, got {_fmt_input(backend_raw)}")
+    kind = backend_raw.get("kind")
+    if kind is None:
+        raise ConfigError("backend.kind: required key missing")
+    try:
+        spec = get_backend(kind)
+    except KeyError as e:
+        raise ConfigError(f"backend.kind: {e.args[0]}") from None
+    backend = validate_model(spec.config, backend_raw, "backend")
+    task = spec.parse_task(data["task"])
+    sections = {}
+    for key, model in (("budget", BudgetConfig), ("train", TrainConfig), ("eval", EvalConfig),
+                       ("logging", LoggingConfig)):
+        sections[key] = validate_model(model, data.get(key) or {}, key)
+    return ScenarioConfig(name=name, seed=seed, backend=backend, task=task,
+                          method=_method_section(data["method"]), **sections)
+
+
+# -- files and overrides -----------------------------------------------------------------------------
+def default_scenario_text() -> str:
+    """The embedded default scenario (package data, so `rtpo run` works from any directory)."""
+    return resources.files("rtpo").joinpath("scenarios/default.yaml").read_text()
+
+
+def apply_override(data: dict, override: str) -> None:
+    """Set `key.sub=value` in the raw mapping; value is parsed as a YAML scalar."""
+    key, eq, raw = override.partition("=")
+    key = key.strip()
+    if not eq or not key:
+        raise ConfigError(f"override {override!r}: must look like key.sub=value")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
+        raise ConfigError(f"{key}: not a valid key path")
+    value = parse_yaml(raw, key) if raw.strip() else None
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"{key}: override value must be a scalar, got {_fmt_input(raw)}")
+    parts = key.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_scenario(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> ScenarioConfig:
+    """Read a scenario file (None = the embedded default), apply overrides, validate."""
+    if path is None:
+        text, where = default_scenario_text(), "default scenario"
+    else:
+        p = Path(path)
+        where = str(p)
+        if not p.is_file():
+            raise ConfigError(f"{where}: no such scenario file")
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{where}: cannot read: {e}") from None
+    data = parse_yaml(text, where)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a mapping of sections, got {_fmt_input(data)}")
+    for ov in overrides:
+        apply_override(data, ov)
+    return parse_scenario(data)

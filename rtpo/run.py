@@ -1,0 +1,353 @@
+"""The runner: one scenario -> a run folder with config, per-phase metrics, checkpoints, plot and summary.
+
+    runs/<scenario>-<method>-<seed>-<time>/
+        config.yaml      the resolved scenario (what `--resume` reloads)
+        metrics.jsonl    one line per phase: counters, method metrics, evaluation, budget, wall time
+        checkpoint.pkl   written atomically after every phase (everything needed to continue exactly)
+        learning_curve.png, summary.md, summary.json   written when the run ends
+
+The loop is backend-agnostic: the backend comes from rtpo.backends by `backend.kind`, the method from
+the method registry, and the runner only calls `begin`/`phase` and checkpoints between phases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pickle
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rtpo.backends import BuiltBackend, get_backend
+from rtpo.config import ConfigError, ScenarioConfig, load_scenario
+from rtpo.core.budget import Budget
+
+CHECKPOINT = "checkpoint.pkl"
+METRICS = "metrics.jsonl"
+CONFIG = "config.yaml"
+_CKPT_VERSION = 1
+
+
+@dataclass
+class RunResult:
+    """run_dir: the run folder; metrics: every metrics.jsonl line; summary: what summary.md shows."""
+
+    run_dir: Path
+    metrics: list[dict]
+    summary: dict
+
+
+@dataclass
+class _Progress:
+    """The runner's own counters (checkpointed with everything else)."""
+
+    iteration: int = 0          # current (or next) iteration index
+    phase_in_iter: int = 0      # phases of the current iteration already done
+    global_phase: int = 0       # phases done in the whole run
+    metric_lines: int = 0       # lines of metrics.jsonl that belong to completed phases
+    elapsed_s: float = 0.0      # wall time spent in earlier processes of this run
+    it_state: Any = None        # the method's IterationState, None between iterations
+    phases_in_iter: int = 0     # phases the current iteration started with (progress bar only)
+    stopped_by: str | None = None
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    _atomic_write_bytes(path, text.encode())
+
+
+def _new_run_dir(out_root: Path, cfg: ScenarioConfig) -> Path:
+    out_root.mkdir(parents=True, exist_ok=True)
+    stem = f"{cfg.name}-{cfg.method.name}-{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for i in range(1, 1000):
+        path = out_root / (stem if i == 1 else f"{stem}-{i}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a run folder for {stem} in {out_root}")
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (np.floating, float)):
+        return float(v)
+    if isinstance(v, (np.integer, int)) and not isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (np.bool_, bool)):
+        return bool(v)
+    return v
+
+
+def read_metrics(run_dir: Path, limit: int | None = None) -> list[dict]:
+    """The complete lines of metrics.jsonl (at most `limit`); a torn last line is ignored."""
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def _save_checkpoint(run_dir: Path, built: BuiltBackend, prog: _Progress) -> None:
+    ctx = built.ctx
+    state = {
+        "version": _CKPT_VERSION,
+        "learner": ctx.learner.state_dict(),
+        "sampler": built.sampler_state(),
+        "rng": ctx.rng.bit_generator.state,
+        "budget": dataclasses.asdict(ctx.budget),
+        "progress": {f.name: getattr(prog, f.name) for f in dataclasses.fields(prog)},
+    }
+    _atomic_write_bytes(run_dir / CHECKPOINT, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _load_checkpoint(run_dir: Path, built: BuiltBackend) -> _Progress:
+    try:
+        state = pickle.loads((run_dir / CHECKPOINT).read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError) as e:
+        raise ConfigError(f"--resume {run_dir}: unreadable checkpoint ({e})") from None
+    if state.get("version") != _CKPT_VERSION:
+        raise ConfigError(f"--resume {run_dir}: checkpoint version {state.get('version')} is not {_CKPT_VERSION}")
+    ctx = built.ctx
+    ctx.learner.load_state_dict(state["learner"])
+    built.load_sampler_state(state["sampler"])
+    ctx.rng.bit_generator.state = state["rng"]
+    ctx.budget = Budget(**state["budget"])
+    return _Progress(**state["progress"])
+
+
+def _truncate_metrics(run_dir: Path, lines: int) -> None:
+    """Keep exactly the first `lines` metric lines: the phases the checkpoint covers."""
+    kept = read_metrics(run_dir, lines)
+    if len(kept) < lines:
+        raise ConfigError(f"--resume {run_dir}: metrics.jsonl has {len(kept)} lines, checkpoint expects {lines}")
+    text = "".join(json.dumps(m) + "\n" for m in kept)
+    _atomic_write_text(run_dir / METRICS, text)
+
+
+def _query_ids(iteration: int, count: int, num_queries: int | None) -> np.ndarray:
+    """Iteration i takes the next `count` query ids, cycling through the query set (no rng used)."""
+    ids = iteration * count + np.arange(count, dtype=np.int64)
+    return ids % num_queries if num_queries else ids
+
+
+def _make_progress(enabled: bool, total: int):
+    if not enabled:
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return None
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.1f}/{task.total}"),
+                   TimeElapsedColumn(), console=console, transient=False)
+    return bar
+
+
+def run_scenario(
+    cfg: ScenarioConfig | None,
+    out_root: Path = Path("runs"),
+    resume: str | Path | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Run (or, with resume=RUN_DIR, continue) a scenario; returns the folder, all metrics and the summary.
+
+    On resume the run's own config.yaml is authoritative; a `cfg` that differs from it is an error.
+    """
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / CONFIG).is_file():
+            raise ConfigError(f"--resume {run_dir}: not a run folder (no {CONFIG})")
+        saved = load_scenario(run_dir / CONFIG)
+        if cfg is not None and cfg.to_dict() != saved.to_dict():
+            raise ConfigError(f"--resume {run_dir}: the given scenario differs from the run's {CONFIG}")
+        cfg = saved
+    else:
+        if cfg is None:
+            raise ConfigError("run_scenario needs a scenario config or resume=RUN_DIR")
+        run_dir = _new_run_dir(Path(out_root), cfg)
+        _atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
+
+    built = get_backend(cfg.backend.kind).build(cfg)
+    method = cfg.method.build()
+    ctx = built.ctx
+    if resume is not None and (run_dir / CHECKPOINT).exists():
+        prog = _load_checkpoint(run_dir, built)
+        _truncate_metrics(run_dir, prog.metric_lines)
+    else:
+        prog = _Progress()
+        _atomic_write_text(run_dir / METRICS, "")
+
+    budget_cfg = cfg.budget
+
+    def spent() -> bool:
+        return budget_cfg.max_rollouts is not None and ctx.budget.rollouts >= budget_cfg.max_rollouts
+
+    start = time.perf_counter()
+    bar = _make_progress(progress and cfg.logging.progress, budget_cfg.iterations)
+    task_id = None
+    if bar is not None:
+        bar.start()
+        done = prog.iteration + (prog.phase_in_iter / prog.phases_in_iter if prog.phases_in_iter else 0.0)
+        task_id = bar.add_task(f"{cfg.name} {cfg.method.name}", total=budget_cfg.iterations, completed=done)
+    last_eval: dict[str, float] = {}
+    try:
+        with open(run_dir / METRICS, "a") as metrics_file:
+            while prog.stopped_by is None:
+                if prog.it_state is None:
+                    if prog.iteration >= budget_cfg.iterations:
+                        prog.stopped_by = "iterations"
+                        break
+                    if spent():
+                        prog.stopped_by = "max_rollouts"
+                        break
+                    ids = _query_ids(prog.iteration, budget_cfg.queries_per_iteration, built.num_queries)
+                    prog.it_state = method.begin(ctx, ids)
+                    prog.phase_in_iter = 0
+                    prog.phases_in_iter = len(prog.it_state.pending)
+                if not prog.it_state.pending:
+                    prog.it_state, prog.iteration = None, prog.iteration + 1
+                    continue
+                if spent():
+                    prog.stopped_by = "max_rollouts"
+                    break
+                t0 = time.perf_counter()
+                phase_metrics = method.phase(ctx, prog.it_state)
+                phase_s = time.perf_counter() - t0
+                prog.phase_in_iter += 1
+                prog.global_phase += 1
+                iter_done = not prog.it_state.pending
+                last = (iter_done and prog.iteration + 1 >= budget_cfg.iterations) or spent()
+                if last or prog.global_phase % cfg.eval.every == 0:
+                    last_eval = built.evaluate()
+                    eval_metrics = last_eval
+                else:
+                    eval_metrics = {}
+                record = {
+                    "iteration": prog.iteration, "phase": prog.phase_in_iter - 1, "global_phase": prog.global_phase,
+                    **phase_metrics, **eval_metrics, **ctx.budget.as_metrics(),
+                    "time/phase_s": phase_s, "time/elapsed_s": prog.elapsed_s + time.perf_counter() - start,
+                }
+                metrics_file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+                metrics_file.flush()
+                os.fsync(metrics_file.fileno())
+                prog.metric_lines += 1
+                if iter_done:
+                    prog.it_state, prog.iteration = None, prog.iteration + 1
+                # the elapsed time so far belongs to the checkpoint, so a resumed run's clock continues
+                saved_elapsed = prog.elapsed_s
+                prog.elapsed_s = saved_elapsed + time.perf_counter() - start
+                _save_checkpoint(run_dir, built, prog)
+                prog.elapsed_s = saved_elapsed
+                if bar is not None:
+                    ratio = _ratio(eval_metrics or last_eval, built)
+                    desc = f"{cfg.name} {cfg.method.name}" + (f"  value/opt {ratio:.3f}" if ratio is not None else "")
+                    done = prog.iteration + (prog.phase_in_iter / prog.phases_in_iter
+                                             if prog.it_state is not None and prog.phases_in_iter else 0.0)
+                    bar.update(task_id, completed=done, description=desc)
+    finally:
+        if bar is not None:
+            bar.stop()
+    prog.elapsed_s += time.perf_counter() - start
+    _save_checkpoint(run_dir, built, prog)
+    metrics = read_metrics(run_dir)
+    summary = _finish(run_dir, cfg, built, metrics, prog)
+    return RunResult(run_dir=run_dir, metrics=metrics, summary=summary)
+
+
+def _ratio(ev: dict, built: BuiltBackend) -> float | None:
+    if built.optimum_key is None or built.value_key not in ev or built.optimum_key not in ev:
+        return None
+    opt = ev[built.optimum_key]
+    return ev[built.value_key] / opt if opt else None
+
+
+def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: list[dict], prog: _Progress) -> dict:
+    evals = [m for m in metrics if built.value_key in m]
+    final = evals[-1] if evals else built.evaluate()
+    value = final.get(built.value_key)
+    optimum = final.get(built.optimum_key) if built.optimum_key else None
+    ratio = value / optimum if (value is not None and optimum) else None
+    last = metrics[-1] if metrics else {}
+    summary = {
+        "scenario": cfg.name, "method": cfg.method.name, "seed": cfg.seed, "run_dir": str(run_dir),
+        "iterations_done": prog.iteration, "phases_done": prog.global_phase, "stopped_by": prog.stopped_by,
+        "final_value": value, "optimum": optimum, "value_over_optimum": ratio,
+        "target": cfg.eval.target, "reached_target": None if ratio is None else bool(ratio >= cfg.eval.target),
+        "rollouts": last.get("budget/rollouts", 0), "tokens": last.get("budget/tokens", 0),
+        "wall_s": prog.elapsed_s,
+        "rollout_train_ratio_mean": _mean(metrics, "consistency/rollout_train_ratio"),
+        "zero_advantage_rate_mean": _mean(metrics, "adv/zero_rate"),
+    }
+    refs = {k: final[k] for k in ((built.optimum_key,) if built.optimum_key else ()) + built.reference_keys
+            if k in final}
+    plot = None
+    if cfg.logging.plot:
+        from rtpo.plots import learning_curve
+
+        plot = learning_curve(metrics, run_dir / "learning_curve.png", built.value_key, refs,
+                              f"{cfg.name} / {cfg.method.name} / seed {cfg.seed}")
+    summary["plot"] = plot.name if plot else None
+    _atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    _atomic_write_text(run_dir / "summary.md", _summary_md(summary, refs))
+    return summary
+
+
+def _mean(metrics: list[dict], key: str) -> float | None:
+    vals = [m[key] for m in metrics if key in m and m[key] is not None and not math.isnan(m[key])]
+    return float(np.mean(vals)) if vals else None
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _summary_md(s: dict, refs: dict[str, float]) -> str:
+    lines = [
+        f"# {s['scenario']} / {s['method']} / seed {s['seed']}",
+        "",
+        "| quantity | value |",
+        "|---|---|",
+        f"| final policy value | {_fmt(s['final_value'])} |",
+        f"| exact optimum | {_fmt(s['optimum'])} |",
+        *(f"| {k} | {_fmt(v)} |" for k, v in list(refs.items())[1:]),
+        f"| value / optimum | {_fmt(s['value_over_optimum'])} |",
+        f"| target (value >= target * optimum) | {_fmt(s['target'])}: "
+        f"{'reached' if s['reached_target'] else 'not reached' if s['reached_target'] is not None else '-'} |",
+        f"| iterations / phases done | {s['iterations_done']} / {s['phases_done']} |",
+        f"| stopped by | {_fmt(s['stopped_by'])} |",
+        f"| rollouts / tokens spent | {s['rollouts']} / {s['tokens']} |",
+        f"| mean rollout/train ratio | {_fmt(s['rollout_train_ratio_mean'])} |",
+        f"| mean zero-advantage rate | {_fmt(s['zero_advantage_rate_mean'])} |",
+        f"| wall time (s) | {s['wall_s']:.1f} |",
+        "",
+    ]
+    if s.get("plot"):
+        lines += [f"![learning curve]({s['plot']})", ""]
+    return "\n".join(lines)

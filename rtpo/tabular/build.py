@@ -1,0 +1,148 @@
+"""The `tabular` backend for scenario files: task section, builder (MDP, policy, env, sampler, learner,
+exact evaluator) and the exact solver behind `rtpo solve`.  Importing this module registers it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rtpo.backends import BackendSpec, BuiltBackend, register_backend
+from rtpo.config import BackendConfig, ConfigError, ScenarioConfig, pydantic_error, validate_dataclass
+from rtpo.core.methods import RunContext
+from rtpo.tabular.backend import TabularEnv, TabularEvaluator, TabularLearner, TabularSampler
+from rtpo.tabular.mdp import TurnMDP
+from rtpo.tabular.policy import LogLinear, SoftmaxTable, TabularPolicy
+from rtpo.tabular.solve import solve, uniform_policy
+from rtpo.tabular.tasks import TASKS, apply_psi, build_task, check_psi
+
+
+class TabularBackendConfig(BackendConfig):
+    kind: Literal["tabular"] = Field(description="exact finite turn-boundary MDPs")
+
+
+class TabularTaskConfig(BaseModel):
+    """`task: {kind, psi, policy, init_scale, **fields of the kind's Params dataclass}`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, arbitrary_types_allowed=True)
+    kind: str = Field(description="registered tabular task: tool_chain | random")
+    psi: str = Field("identity", description="context map the policy sees: identity | last_feedback | modulo:<n>")
+    policy: Literal["softmax", "loglinear"] = Field("softmax", description="softmax table or log-linear policy")
+    init_scale: float = Field(0.0, ge=0, description="initial parameters ~ init_scale * N(0, 1)")
+    params: Any = Field(description="the task kind's Params dataclass")
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "psi": self.psi, "policy": self.policy, "init_scale": self.init_scale,
+                **asdict(self.params)}
+
+
+_OWN = ("kind", "psi", "policy", "init_scale")
+
+
+def parse_task(data: Any) -> TabularTaskConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"task: must be a mapping, got {data!r}")
+    kind = data.get("kind")
+    if kind is None:
+        raise ConfigError("task.kind: required key missing")
+    if not isinstance(kind, str) or kind not in TASKS:
+        raise ConfigError(f"task.kind: unknown tabular task {kind!r} (valid: {', '.join(TASKS.names())})")
+    if "psi" in data:
+        try:
+            check_psi(data["psi"])
+        except ValueError as e:
+            raise ConfigError(f"task.psi: {e}") from None
+    params = validate_dataclass(TASKS.get(kind).Params, data, "task", reserved=_OWN)
+    try:
+        return TabularTaskConfig(params=params, **{k: data[k] for k in _OWN if k in data})
+    except ValidationError as e:
+        raise pydantic_error(e, "task") from None
+
+
+def build_mdp(task: TabularTaskConfig) -> TurnMDP:
+    """The task's MDP seen through the task's ψ."""
+    return apply_psi(build_task(task.kind, task.params), task.psi)
+
+
+def loglinear_features(num_turns: int, num_contexts: int, num_actions: int) -> np.ndarray:
+    """φ(k, c, u) = [one-hot(k, c, u) | one-hot(k, u)]: a per-context table plus a per-turn action bias
+    shared by all contexts, so aliased and distinct contexts share part of the parameters."""
+    K, C, A = num_turns, num_contexts, num_actions
+    table = np.eye(K * C * A).reshape(K, C, A, K * C * A)
+    bias = np.broadcast_to(np.eye(K * A).reshape(K, 1, A, K * A), (K, C, A, K * A))
+    return np.concatenate([table, bias], axis=-1)
+
+
+def make_policy(task: TabularTaskConfig, mdp: TurnMDP) -> TabularPolicy:
+    if task.policy == "softmax":
+        return SoftmaxTable(mdp.num_turns, mdp.num_contexts, mdp.num_actions, init_scale=task.init_scale)
+    size = mdp.num_turns * mdp.num_contexts * mdp.num_actions
+    if size > 4096:
+        raise ConfigError(f"task.policy: loglinear builds dense features; K*C*A = {size} > 4096")
+    return LogLinear(loglinear_features(mdp.num_turns, mdp.num_contexts, mdp.num_actions), task.init_scale)
+
+
+class _RecordingSampler(TabularSampler):
+    """TabularSampler that keeps a copy of the weights it was last given, for checkpoints."""
+
+    def load_weights(self, weights: np.ndarray) -> None:
+        super().load_weights(weights)
+        self.current = np.array(weights, dtype=np.float64, copy=True)
+
+
+def build(cfg: ScenarioConfig) -> BuiltBackend:
+    mdp = build_mdp(cfg.task)
+    policy = make_policy(cfg.task, mdp)
+    rng = np.random.default_rng(cfg.seed)
+    params = policy.init_params(rng)
+    learner = TabularLearner(policy, params, lr=cfg.train.lr, optimizer=cfg.train.optimizer)
+    sampler = _RecordingSampler(policy, params)
+    ctx = RunContext(env=TabularEnv(mdp), sampler=sampler, learner=learner, rng=rng)
+    evaluator = TabularEvaluator(mdp, policy)
+    return BuiltBackend(
+        ctx=ctx,
+        evaluate=lambda: evaluator(learner),
+        sampler_state=lambda: sampler.current.copy(),
+        load_sampler_state=sampler.load_weights,
+        num_queries=None,
+        value_key="eval/value",
+        optimum_key="eval/v_star",
+        reference_keys=("eval/v_star_psi",),
+    )
+
+
+def _compact_policy(policy: np.ndarray, psi: tuple[np.ndarray, ...], limit: int = 24) -> list[str]:
+    """One line per turn: the greedy action of every context some state maps to (c:u pairs)."""
+    lines = []
+    for k, psi_k in enumerate(psi):
+        seen = np.unique(psi_k)
+        acts = policy[k, seen].argmax(axis=1)
+        pairs = " ".join(f"{c}:{a}" for c, a in zip(seen[:limit], acts[:limit]))
+        more = f" ... (+{seen.size - limit} contexts)" if seen.size > limit else ""
+        lines.append(f"  k={k}: {pairs}{more}")
+    return lines
+
+
+def solve_text(cfg: ScenarioConfig) -> str:
+    """V*, the optimum under the scenario's ψ (states pooled by a uniform prefix policy, as RTPO's θ0
+    trunks would at initialisation) and the recursively optimal policy, compactly."""
+    mdp = build_mdp(cfg.task)
+    full = solve(mdp)
+    proj = solve(mdp, mdp.psi, prefix_policy=uniform_policy(mdp))
+    out = [
+        f"scenario {cfg.name}: task {cfg.task.kind}, K={mdp.num_turns}, A={mdp.num_actions}, "
+        f"states per turn {list(mdp.num_states) if mdp.num_turns <= 12 else sum(mdp.num_states)}, psi {cfg.task.psi}",
+        f"V* = {full.value:.12g}",
+        f"V*_psi (recursive optimum over policies of psi-contexts) = {proj.value:.12g}",
+        "recursively optimal policy (context:action, identity psi):",
+        *_compact_policy(full.policy, full.psi),
+    ]
+    if cfg.task.psi != "identity":
+        out += ["recursively optimal psi-policy (context:action):", *_compact_policy(proj.policy, proj.psi)]
+    return "\n".join(out)
+
+
+register_backend("tabular", BackendSpec(config=TabularBackendConfig, parse_task=parse_task, build=build,
+                                        solve=solve_text))

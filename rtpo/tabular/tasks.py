@@ -1,0 +1,132 @@
+"""Tabular task kinds for scenario files: name -> (parameter dataclass, MDP builder), plus the ψ parser.
+
+A scenario's `task` section names a registered kind and gives that kind's parameters; the parameters
+are a frozen dataclass, so the config loader validates them field by field without knowing the kind.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Generic, TypeVar
+
+from rtpo.core.registry import Registry
+from rtpo.tabular.generators import last_feedback_psi, modulo_psi, random_mdp, tool_chain
+from rtpo.tabular.mdp import TurnMDP
+
+P = TypeVar("P")
+
+
+@dataclass(frozen=True)
+class TaskKind(Generic[P]):
+    """Params: the parameter dataclass; build(params) -> TurnMDP with identity ψ."""
+
+    Params: type
+    build: Callable[[P], TurnMDP]
+
+
+TASKS: Registry[TaskKind] = Registry("tabular task")
+
+
+@dataclass(frozen=True)
+class ToolChainParams:
+    """The sparse-reward tool-use chain of rtpo.tabular.generators.tool_chain.
+
+    num_turns:   K, turns per episode (the last one answers).
+    num_actions: A, tools to choose from at each turn.
+    p_advance:   chance that the right tool advances progress.
+    seed:        which tool is right at each (turn, progress).
+    sharpness:   answer reward = (progress / K) ** sharpness.
+    gamma:       per-token-step discount.
+    max_tau:     token durations τ are drawn from 1..max_tau.
+    """
+
+    num_turns: int = 6
+    num_actions: int = 4
+    p_advance: float = 0.8
+    seed: int = 0
+    sharpness: float = 2.0
+    gamma: float = 1.0
+    max_tau: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_turns <= 64:
+            raise ValueError(f"num_turns must be in [1, 64], got {self.num_turns}")
+        if self.num_actions < 2:
+            raise ValueError(f"num_actions must be >= 2, got {self.num_actions}")
+        if not 0.0 < self.p_advance <= 1.0:
+            raise ValueError(f"p_advance must be in (0, 1], got {self.p_advance}")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if self.max_tau < 1:
+            raise ValueError(f"max_tau must be >= 1, got {self.max_tau}")
+
+
+@dataclass(frozen=True)
+class RandomParams:
+    """A random MDP from rtpo.tabular.generators.random_mdp.
+
+    seed:                 generator seed.
+    num_turns:            K.
+    num_states:           S states per turn.
+    num_actions:          A.
+    branching:            successors per (s, a); null = all S (dense).
+    gamma:                per-token-step discount.
+    max_tau:              token durations τ are drawn from 1..max_tau.
+    terminal_reward_only: reward only where the episode ends (sparse).
+    end_prob:             chance that an (s, a) row ends the episode early.
+    bernoulli_rewards:    sample binary rewards with the table's mean.
+    """
+
+    seed: int = 0
+    num_turns: int = 3
+    num_states: int = 4
+    num_actions: int = 3
+    branching: int | None = None
+    gamma: float = 1.0
+    max_tau: int = 1
+    terminal_reward_only: bool = False
+    end_prob: float = 0.0
+    bernoulli_rewards: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_turns", "num_states", "num_actions", "max_tau"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.branching is not None and self.branching < 1:
+            raise ValueError(f"branching must be >= 1, got {self.branching}")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if not 0.0 <= self.end_prob <= 1.0:
+            raise ValueError(f"end_prob must be in [0, 1], got {self.end_prob}")
+
+
+TASKS.register("tool_chain")(TaskKind(ToolChainParams, lambda p: tool_chain(**asdict(p))))
+TASKS.register("random")(TaskKind(RandomParams, lambda p: random_mdp(**asdict(p))))
+
+_PSI = re.compile(r"^(identity|last_feedback|modulo:([1-9][0-9]*))$")
+
+
+def check_psi(spec: str) -> str:
+    """Validate a context-map spec: identity | last_feedback | modulo:<n>."""
+    if not isinstance(spec, str) or not _PSI.match(spec):
+        raise ValueError(f"must be identity, last_feedback or modulo:<n> (n >= 1), got {spec!r}")
+    return spec
+
+
+def apply_psi(mdp: TurnMDP, spec: str) -> TurnMDP:
+    """The MDP seen through the context map `spec` (identity keeps every state distinct)."""
+    m = _PSI.match(check_psi(spec))
+    if m.group(1) == "identity":
+        return mdp.identity_psi()
+    if m.group(1) == "last_feedback":
+        return mdp.with_psi(last_feedback_psi(mdp))
+    return mdp.with_psi(modulo_psi(mdp, int(m.group(2))))
+
+
+def build_task(kind: str, params) -> TurnMDP:
+    task = TASKS.get(kind)
+    if not isinstance(params, task.Params):
+        raise TypeError(f"task {kind!r} needs {task.Params.__name__}, got {type(params).__name__}")
+    return task.build(params)

@@ -1,0 +1,151 @@
+"""The runner: run folder contents, exact evaluation, RTPO's ratio, budget cap, and resume determinism."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rtpo.config import load_scenario
+from rtpo.core.methods.rtpo import RTPO
+from rtpo.run import read_metrics, run_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["budget.iterations=2", "budget.queries_per_iteration=16"]
+
+
+def _untimed(metrics: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in metrics]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    cfg = load_scenario(None, SMALL)
+    return cfg, run_scenario(cfg, out_root=tmp_path_factory.mktemp("runs"), progress=False)
+
+
+def test_run_folder_contents(small_run):
+    cfg, res = small_run
+    d = res.run_dir
+    assert d.name.startswith("default-rtpo-0-")
+    for name in ("config.yaml", "metrics.jsonl", "checkpoint.pkl", "learning_curve.png", "summary.md", "summary.json"):
+        assert (d / name).is_file(), name
+    assert (d / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert load_scenario(d / "config.yaml").to_dict() == cfg.to_dict()
+    K = cfg.task.params.num_turns
+    lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert lines == res.metrics and len(lines) == 2 * K  # one line per phase
+    assert [(m["iteration"], m["phase"]) for m in lines] == [(i, p) for i in range(2) for p in range(K)]
+    assert [m["global_phase"] for m in lines] == list(range(1, 2 * K + 1))
+    assert [m["phase/turn"] for m in lines[:K]] == list(range(K - 1, -1, -1))  # reverse turn order
+    for m in lines:
+        for key in ("eval/value", "eval/v_star", "eval/value_over_v_star", "adv/zero_rate", "loss/approx_kl",
+                    "consistency/kl_rollout_train", "budget/rollouts", "budget/tokens", "time/phase_s"):
+            assert key in m, key
+        assert m["eval/value_over_v_star"] == pytest.approx(m["eval/value"] / m["eval/v_star"])
+    # batch arithmetic of the config comment: trunks + (G-1)·boundaries per iteration (no early ends)
+    Q, G = 16, cfg.method.config.G
+    assert lines[K - 1]["budget/rollouts"] == Q + (G - 1) * Q * K
+    assert lines[-1]["budget/rollouts"] == 2 * (Q + (G - 1) * Q * K)
+    md = (d / "summary.md").read_text()
+    assert "value / optimum" in md and "learning_curve.png" in md
+    assert res.summary["rollouts"] == lines[-1]["budget/rollouts"]
+
+
+def test_rtpo_rollout_train_ratio_is_exactly_one(small_run):
+    _, res = small_run
+    ratios = [m["consistency/rollout_train_ratio"] for m in res.metrics]
+    assert ratios and all(r == 1.0 for r in ratios)
+    assert all(m["consistency/abs_log_ratio"] == 0.0 for m in res.metrics)
+
+
+def test_default_scenario_reaches_095_of_v_star(tmp_path):
+    """The embedded default, unmodified: RTPO's final exact value is >= 0.95 V*."""
+    res = run_scenario(load_scenario(None), out_root=tmp_path, progress=False)
+    assert res.summary["stopped_by"] == "iterations"
+    assert res.summary["value_over_optimum"] >= 0.95
+    assert res.summary["reached_target"] is True
+
+
+def test_max_rollouts_stops_the_run(tmp_path):
+    cfg = load_scenario(None, [*SMALL, "budget.iterations=50", "budget.max_rollouts=500", "logging.plot=false"])
+    res = run_scenario(cfg, out_root=tmp_path, progress=False)
+    assert res.summary["stopped_by"] == "max_rollouts"
+    rollouts = [m["budget/rollouts"] for m in res.metrics]
+    assert rollouts[-1] >= 500 and rollouts[-2] < 500  # stopped at the first phase that spent it
+    assert "eval/value" in res.metrics[-1]
+
+
+def test_resume_after_crash_continues_exactly(tmp_path, monkeypatch):
+    cfg = load_scenario(None, [*SMALL, "budget.iterations=3", "logging.plot=false"])
+    full = run_scenario(cfg, out_root=tmp_path / "a", progress=False)
+    real_phase = RTPO.phase
+    calls = {"n": 0}
+
+    def crashing_phase(self, ctx, state):
+        calls["n"] += 1
+        if calls["n"] == 7:  # mid-iteration (K = 4 phases per iteration)
+            raise RuntimeError("simulated crash")
+        return real_phase(self, ctx, state)
+
+    monkeypatch.setattr(RTPO, "phase", crashing_phase)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_scenario(cfg, out_root=tmp_path / "b", progress=False)
+    monkeypatch.setattr(RTPO, "phase", real_phase)
+    (run_dir,) = (tmp_path / "b").iterdir()
+    assert len(read_metrics(run_dir)) == 6
+    resumed = run_scenario(None, resume=run_dir, progress=False)
+    assert _untimed(resumed.metrics) == _untimed(full.metrics)
+
+
+def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path):
+    """`rtpo run` as a subprocess, SIGKILLed once some phases are checkpointed, then `--resume`d."""
+    scenario = tmp_path / "kill.yaml"
+    cfg = load_scenario(None, ["budget.iterations=6", "budget.queries_per_iteration=16", "logging.plot=false"])
+    scenario.write_text(cfg.to_yaml().replace("name: default", "name: killed"))
+    out = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "rtpo", "run", str(scenario), "--out", str(out), "--no-progress"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    total = 6 * cfg.task.params.num_turns
+    try:
+        deadline = time.monotonic() + 240
+        run_dir = None
+        while time.monotonic() < deadline:
+            dirs = list(out.iterdir()) if out.exists() else []
+            if dirs and (dirs[0] / "checkpoint.pkl").exists():
+                run_dir = dirs[0]
+                ckpt = pickle.loads((run_dir / "checkpoint.pkl").read_bytes())
+                if ckpt["progress"]["metric_lines"] >= 5:
+                    break
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.02)
+        else:
+            pytest.fail("the run never checkpointed 5 phases")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    ckpt = pickle.loads((run_dir / "checkpoint.pkl").read_bytes())
+    done = ckpt["progress"]["metric_lines"]
+    assert 5 <= done < total  # really interrupted mid-run
+    before = read_metrics(run_dir)[:done]
+
+    from rtpo.cli import main
+
+    assert main(["run", "--resume", str(run_dir), "--no-progress"]) == 0
+    after = read_metrics(run_dir)
+    assert [m["global_phase"] for m in after] == list(range(1, total + 1))  # nothing lost or duplicated
+    assert after[:done] == before  # completed phases untouched
+    reference = run_scenario(load_scenario(scenario), out_root=tmp_path / "ref", progress=False)
+    assert _untimed(after) == _untimed(reference.metrics)
