@@ -1,4 +1,4 @@
-"""LLM engine benchmarks, each a ratio against a reference measured in the same run; writes bench/llm.json.
+"""LLM engine benchmarks, each a ratio against a reference measured in the same run; writes bench/bench_llm.json.
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 python bench/bench_llm.py [--quick]
 
@@ -41,7 +41,7 @@ def _counters(llm) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (CI smoke)")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "llm.json"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "bench_llm.json"))
     args = ap.parse_args()
 
     import torch
