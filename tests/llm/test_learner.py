@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import TEMPERATURE
 
+from conftest import TEMPERATURE
 from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
 from rtpo.core.train import rollout_train_ratio
 from rtpo.core.types import Ragged, TurnBatch
@@ -26,7 +26,6 @@ def make_batch(model_dir, seed: int, context_lengths=(20, 4, 9, 33), response_le
                seq_id=None, noise: float = 0.05) -> TurnBatch:
     """Random ids; old log-probs = the model's own (teacher-forced at T) plus noise, so ratios are
     near 1 (some clipped) as in a real phase."""
-    from rtpo.llm.engines.hf import HFEngine
 
     rng = np.random.default_rng(seed)
     ctx = Ragged.from_rows([rng.integers(9, 500, m) for m in context_lengths], dtype=np.int64)

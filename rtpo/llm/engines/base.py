@@ -12,8 +12,8 @@ ratio by a token-dependent factor.  Greedy decoding (T = 0) records log softmax(
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
