@@ -6,7 +6,6 @@ import numpy as np
 
 from rtpo.tabular.mdp import TurnMDP
 
-
 # Above this many (s, a, s') cells the argsort draw would need S·A·S floats (10 GB for the 10⁵-state
 # benchmark MDP); smaller MDPs keep the original draw, so existing seeds give the same MDPs.
 _DENSE_DRAW_LIMIT = 1 << 22

@@ -1,0 +1,281 @@
+"""LLMEnv: multi-turn tool-use math episodes behind the core's Environment protocol.
+
+An episode is a frozen `ChatEpisode`: the task item, S_k as token blocks (`contexts.ChatState`), and the
+message history (raw assistant texts with their <think> blocks, tool results).  Being immutable, an
+episode is its own snapshot: `snapshot`, `restore` and `take` copy references, never re-run a turn,
+and pickle cheaply (a boundary shares every block with its trunk).
+
+A turn (`step`): decode the sampled ids, parse (chat.parse_response), then
+- tool calls             -> run each in the sandbox (all calls of the batch in parallel threads), the
+                            results come back as the template's tool message;
+- a \\boxed{} answer      -> the episode ends, reward = math reward of the last boxed answer;
+- neither, or a malformed call -> feedback text naming the problem, StepOutcome.malformed = True;
+- turn K-1               -> the episode ends whatever was written (reward of a boxed answer, if any).
+Rewards are sparse (only at the end, SPEC §1); τ_k = the number of response tokens (Eq. 19).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from rtpo.core.types import Generation, Ragged, StepOutcome
+from rtpo.llm.chat import PYTHON_TOOL, ParsedResponse, Qwen3Chat, ToolCall, parse_response
+from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
+from rtpo.llm.rewards import MathVerifier, default_verifier
+from rtpo.llm.sandbox import SandboxLimits, SandboxResult, run_python
+from rtpo.llm.tasks.math import MathItem, MathTask
+
+NO_ACTION_FEEDBACK = (
+    "Error: no tool call and no final answer found. Call the python tool as "
+    '<tool_call>\n{"name": "python", "arguments": {"code": "..."}}\n</tool_call> '
+    "or give the final answer as \\boxed{...}."
+)
+
+
+@dataclass(frozen=True)
+class ChatEpisode:
+    """One episode at a boundary.  history: ((role, text), ...) with role 'assistant' (raw, with
+    thinking) or 'tool'.  done: ended at the previous step (kept for completeness; the driver drops
+    finished episodes)."""
+
+    query_id: int
+    item: MathItem
+    state: ChatState
+    history: tuple[tuple[str, str], ...] = ()
+    done: bool = False
+
+    @property
+    def k(self) -> int:
+        return self.state.k
+
+
+class LLMEnv:
+    """Environment protocol for tool-use math over a Qwen3 chat.
+
+    task:          the problems; query ids index into it.
+    tokenizer:     a Qwen3 tokenizer with its chat template (`chat.load_qwen3_tokenizer()`).
+    context_map:   ψ, a registered name ("identity", "think_strip", "last_turns") or a ContextMap.
+    num_turns:     K, the turn horizon.
+    gamma:         per-token discount (the paper uses 1).
+    system:        optional system prompt; enable_thinking: the Qwen3 thinking switch.
+    sandbox:       limits of one tool call; max_calls_per_turn: further calls in a turn get an error.
+    max_feedback_chars: tool output shown to the model is cut to this (with a note).
+    verifier:      math answer checker (default: the process-wide one).
+    tool_threads:  tool calls of a batch run in parallel on this many threads.
+    run_tool:      the code runner (default: the sandbox); injectable for tests of the env's own logic.
+    """
+
+    def __init__(
+        self,
+        task: MathTask,
+        tokenizer: Any,
+        context_map: str | ContextMap = "think_strip",
+        num_turns: int = 4,
+        gamma: float = 1.0,
+        system: str | None = None,
+        enable_thinking: bool = True,
+        sandbox: SandboxLimits | None = None,
+        max_calls_per_turn: int = 2,
+        max_feedback_chars: int = 2000,
+        verifier: MathVerifier | None = None,
+        tool_threads: int = 4,
+        run_tool: Callable[[str, SandboxLimits], SandboxResult] | None = None,
+    ) -> None:
+        if num_turns < 1:
+            raise ValueError(f"LLMEnv: num_turns must be >= 1, got {num_turns}")
+        self.task = task
+        self.chat = Qwen3Chat(tokenizer, tools=(PYTHON_TOOL,), system=system, enable_thinking=enable_thinking)
+        self.psi: ContextMap = make_context_map(context_map) if isinstance(context_map, str) else context_map
+        self.num_turns = num_turns
+        self.gamma = gamma
+        self.sandbox = sandbox or SandboxLimits()
+        self.max_calls_per_turn = max_calls_per_turn
+        self.max_feedback_chars = max_feedback_chars
+        self._verifier = verifier
+        self.tool_threads = tool_threads
+        self.run_tool = run_tool or run_python
+        self._prompts: dict[int, np.ndarray] = {}
+        self.metrics: collections.Counter = collections.Counter()
+
+    # ------------------------------------------------------------------ protocol
+
+    def reset(self, query_ids: np.ndarray, rng: np.random.Generator) -> list[ChatEpisode]:
+        eps = []
+        for q in np.asarray(query_ids, dtype=np.int64):
+            q = int(q)
+            if not 0 <= q < len(self.task):
+                raise IndexError(f"query id {q} outside task {self.task.name!r} of {len(self.task)} items")
+            if q not in self._prompts:
+                block = self.chat.prompt_block(self.task[q].question)
+                block.flags.writeable = False
+                self._prompts[q] = block
+            state = ChatState(self._prompts[q], (), self.chat.generation_prompt)
+            eps.append(ChatEpisode(q, self.task[q], state))
+        return eps
+
+    def contexts(self, episodes: Sequence[ChatEpisode]) -> Ragged:
+        """c_k = ψ(S_k), the exact ids the sampler sees and the learner trains on."""
+        return Ragged.from_rows([self.psi(e.state) for e in episodes], dtype=np.int64)
+
+    def contexts_with(self, episodes: Sequence[ChatEpisode], psi: str | ContextMap) -> Ragged:
+        """ψ'(S_k) for another context map ψ' (e.g. the full history behind a think-stripped rollout):
+        every S_k keeps all its blocks, so any map applies to any episode or boundary snapshot."""
+        other = make_context_map(psi) if isinstance(psi, str) else psi
+        return Ragged.from_rows([other(e.state) for e in episodes], dtype=np.int64)
+
+    def turn_index(self, episodes: Sequence[ChatEpisode]) -> np.ndarray:
+        return np.fromiter((e.k for e in episodes), dtype=np.int64, count=len(episodes))
+
+    def snapshot(self, episodes: Sequence[ChatEpisode]) -> list[ChatEpisode]:
+        return list(episodes)  # immutable: the episode is its own snapshot
+
+    def restore(self, snapshots: Sequence[Any]) -> list[ChatEpisode]:
+        for s in snapshots:
+            if not isinstance(s, ChatEpisode):
+                raise TypeError(f"LLMEnv.restore: expected ChatEpisode snapshots, got {type(s).__name__}")
+            if s.done:
+                raise ValueError("LLMEnv.restore: cannot fork from a finished episode")
+        return list(snapshots)
+
+    def take(self, episodes: Sequence[ChatEpisode], idx: np.ndarray) -> list[ChatEpisode]:
+        return [episodes[int(i)] for i in np.asarray(idx, dtype=np.int64)]
+
+    def step(self, episodes: Sequence[ChatEpisode], gen: Generation,
+             rng: np.random.Generator) -> tuple[list[ChatEpisode], StepOutcome]:
+        n = len(episodes)
+        if len(gen) != n:
+            raise ValueError(f"LLMEnv.step: {len(gen)} responses for {n} episodes")
+        parsed: list[ParsedResponse] = []
+        texts: list[str] = []
+        for i in range(n):
+            ids = gen.tokens[i]
+            finished = ids.size > 0 and int(ids[-1]) in self.chat.stop_ids
+            text = self.chat.decode(ids[:-1] if finished else ids)
+            texts.append(text)
+            parsed.append(parse_response(text, finished=finished))
+
+        reward = np.zeros(n)
+        done = np.zeros(n, dtype=bool)
+        malformed = np.zeros(n, dtype=bool)
+        feedback: list[str | None] = [None] * n
+        jobs: list[tuple[int, int, str]] = []  # (episode, slot, code)
+        results: list[list[str]] = [[] for _ in range(n)]
+        m = self.metrics
+        m["turns"] += n
+        m["truncated_turns"] += sum(not p.finished for p in parsed)
+        for i, (e, p) in enumerate(zip(episodes, parsed)):
+            last = e.k >= self.num_turns - 1
+            wants_tools = bool(p.tool_calls or p.errors)
+            if last or (p.answer is not None and not wants_tools):
+                done[i] = True
+                r = self._verifier_or_default().score(p.answer, e.item.answer)
+                reward[i] = r.reward
+                m[f"answer/{r.status}"] += 1
+                if last and p.answer is None and wants_tools:
+                    m["tool/cut_by_horizon"] += 1
+                continue
+            if not wants_tools:
+                malformed[i] = True
+                m["malformed/no_action"] += 1
+                results[i].append(NO_ACTION_FEEDBACK)
+                continue
+            for err in p.errors:
+                malformed[i] = True
+                m["malformed/tool_call"] += 1
+                results[i].append(f"Error: {err}.")
+            for c, call in enumerate(p.tool_calls):
+                problem = self._check_call(call, c)
+                if problem:
+                    malformed[i] = True
+                    m["malformed/tool_call"] += 1
+                    results[i].append(f"Error: {problem}.")
+                else:
+                    results[i].append("")
+                    jobs.append((i, len(results[i]) - 1, call.arguments["code"]))
+        self._run_jobs(jobs, results)
+
+        out: list[ChatEpisode] = []
+        for i, e in enumerate(episodes):
+            history = e.history + (("assistant", texts[i]),)
+            if done[i]:
+                out.append(replace(e, history=history, done=True))
+                continue
+            feedback[i] = "\n\n".join(results[i])
+            blocks = TurnBlocks(
+                raw=self.chat.raw_assistant_block(gen.tokens[i]),
+                stripped=self.chat.assistant_block(parsed[i].content),
+                feedback=self.chat.tool_block(results[i]),
+            )
+            out.append(ChatEpisode(e.query_id, e.item, e.state.append(blocks),
+                                   history + tuple(("tool", r) for r in results[i])))
+        m["malformed"] += int(malformed.sum())
+        m["episodes_done"] += int(done.sum())
+        outcome = StepOutcome(reward=reward, duration=gen.tokens.lengths.astype(np.float64), done=done,
+                              feedback=feedback, malformed=malformed)
+        return out, outcome
+
+    # ------------------------------------------------------------------ helpers
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Counters since the last call (tool calls, their outcomes, malformed turns, answer statuses)."""
+        out = dict(self.metrics)
+        self.metrics = collections.Counter()
+        return out
+
+    def _verifier_or_default(self) -> MathVerifier:
+        if self._verifier is None:
+            self._verifier = default_verifier()
+        return self._verifier
+
+    def _check_call(self, call: ToolCall, index: int) -> str | None:
+        if index >= self.max_calls_per_turn:
+            return f"at most {self.max_calls_per_turn} tool calls per turn; this one was not run"
+        if call.name != "python":
+            return f"unknown tool {call.name!r}; the only tool is 'python'"
+        code = call.arguments.get("code")
+        if not isinstance(code, str) or not code.strip():
+            return "the python tool needs a non-empty string argument 'code'"
+        return None
+
+    def _run_jobs(self, jobs: list[tuple[int, int, str]], results: list[list[str]]) -> None:
+        if not jobs:
+            return
+        limits = self.sandbox
+        with ThreadPoolExecutor(max_workers=max(1, min(self.tool_threads, len(jobs)))) as pool:
+            outs = list(pool.map(lambda job: self.run_tool(job[2], limits), jobs))
+        for (i, slot, _), res in zip(jobs, outs):
+            self.metrics["tool/calls"] += 1
+            self.metrics["tool/ok"] += int(res.ok)
+            self.metrics["tool/timeouts"] += int(res.timed_out)
+            self.metrics["tool/truncated"] += int(res.truncated)
+            results[i][slot] = self._format(res)
+
+    def _format(self, res: SandboxResult) -> str:
+        if res.error:
+            return f"Error: the tool could not run ({res.error})."
+        text = res.stdout
+        if res.stderr.strip():
+            text = (text + ("\n" if text and not text.endswith("\n") else "") + res.stderr) if text else res.stderr
+        text = text.rstrip("\n")
+        cap = self.max_feedback_chars
+        notes = []
+        if len(text) > cap:
+            text = text[:cap]
+            notes.append("output cut")
+        if res.truncated:
+            notes.append("output limit reached, program stopped")
+        if res.timed_out:
+            notes.append(f"time limit of {self.sandbox.wall_time_s:g}s reached, program stopped")
+        elif res.signal is not None:
+            notes.append(f"killed by signal {res.signal}" + (" (" + ", ".join(res.limits_hit) + ")" if res.limits_hit else ""))
+        elif res.exit_code not in (0, None):
+            notes.append(f"exit code {res.exit_code}")
+        if not text and not notes:
+            return "(no output)"
+        return text + ("\n" if text and notes else "") + "".join(f"[{n}]" for n in notes)

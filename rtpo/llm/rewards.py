@@ -1,0 +1,220 @@
+"""Rewards: math answers by math-verify (with our own timeout) or exact numeric comparison; QA token F1.
+
+`MathVerifier.score(answer, gold)` never raises: a malformed, missing or pathological answer is reward 0
+with a status naming why (the environment counts statuses as metrics).  math-verify runs in a worker
+process, so the timeout is enforced by killing it — it works from any thread, unlike math-verify's
+own signal.alarm timeouts, which are switched off (see `_verify_worker.py`).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import select
+import string
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from fractions import Fraction
+
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_verify_worker.py")
+STATUSES = ("correct", "incorrect", "no_answer", "unparsed", "timeout", "error")
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """reward in [0, 1]; status in STATUSES; method: 'math_verify' or 'numeric' (what decided it)."""
+
+    reward: float
+    status: str
+    method: str
+
+
+# ---------------------------------------------------------------- exact numeric fallback
+
+_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+_FRAC_RE = re.compile(r"^(-?)\\[dt]?frac\{(-?[0-9.]+)\}\{(-?[0-9.]+)\}$")
+
+
+def to_number(text: str | None) -> Fraction | None:
+    """An exact number from a short answer string ('1,234', '-3/4', '\\frac{3}{4}', '12\\%', '$5$'), else None."""
+    if text is None:
+        return None
+    s = _TEXT_RE.sub(r"\1", str(text)).strip()
+    s = s.replace("$", "").replace("\\!", "").replace("\\,", "").replace("{,}", "").replace(" ", "")
+    s = s.replace("\\%", "").replace("%", "").rstrip(".")
+    if s.startswith("\\boxed{") and s.endswith("}"):
+        s = s[len("\\boxed{"):-1]
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")
+    m = _FRAC_RE.match(s)
+    try:
+        if m:
+            value = Fraction(m.group(2)) / Fraction(m.group(3))
+            return -value if m.group(1) else value
+        if re.fullmatch(r"-?\d+(\.\d+)?(/-?\d+(\.\d+)?)?|-?\.\d+", s):
+            return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+def numeric_equal(answer: str | None, gold: str | None, rel_tol: float = 1e-9) -> bool | None:
+    """True/False when both sides are plain numbers, None when either is not (cannot decide)."""
+    a, g = to_number(answer), to_number(gold)
+    if a is None or g is None:
+        return None
+    if a == g:
+        return True
+    return abs(float(a) - float(g)) <= rel_tol * max(1.0, abs(float(g)))
+
+
+# ---------------------------------------------------------------- math-verify in a worker process
+
+class MathVerifier:
+    """math-verify with a hard per-call timeout, usable from any thread.
+
+    timeout_s:   per answer; past it the worker is killed (restarted on the next call) and the answer
+                 scores 0 with status 'timeout' unless the numeric comparison decides it.
+    startup_s:   allowed for the worker's first import of math-verify (sympy is slow to import).
+    """
+
+    def __init__(self, timeout_s: float = 5.0, startup_s: float = 120.0) -> None:
+        self.timeout_s = timeout_s
+        self.startup_s = startup_s
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self.available: bool | None = None  # None until the worker first answered
+        self.unavailable_reason: str | None = None
+
+    def _start(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, bufsize=1,
+        )
+        hello = self._readline(self.startup_s)
+        info = json.loads(hello) if hello else {"ready": False, "error": "worker did not start in time"}
+        self.available = bool(info.get("ready"))
+        if not self.available:
+            self.unavailable_reason = info.get("error")
+            self.close()
+
+    def _readline(self, timeout: float) -> str | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self._proc.stdout.readline()
+        return line or None
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            for f in (self._proc.stdin, self._proc.stdout):
+                if f:
+                    f.close()
+            self._proc = None
+
+    def __del__(self) -> None:  # the worker never outlives its verifier
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _math_verify(self, answer: str, gold: str) -> tuple[str, bool]:
+        """('ok'|'timeout'|'error'|'unavailable', correct)."""
+        with self._lock:
+            if self.available is False:
+                return "unavailable", False
+            if self._proc is None:
+                self._start()
+                if not self.available:
+                    return "unavailable", False
+            assert self._proc is not None and self._proc.stdin is not None
+            req = {"pred": f"\\boxed{{{answer}}}", "gold": f"${gold}$"}
+            try:
+                self._proc.stdin.write(json.dumps(req) + "\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                self.close()
+                return "error", False
+            line = self._readline(self.timeout_s)
+            if line is None:
+                self.close()  # stuck (or dead): kill it; the next call starts a fresh one
+                return "timeout", False
+            reply = json.loads(line)
+            if "error" in reply:
+                return "error", False
+            if not reply.get("pred_parsed"):
+                return "unparsed", False
+            return "ok", bool(reply["ok"])
+
+    def score(self, answer: str | None, gold: str) -> RewardResult:
+        """Reward of one extracted answer (the last \\boxed{} contents) against the gold answer."""
+        if answer is None or not str(answer).strip():
+            return RewardResult(0.0, "no_answer", "none")
+        numeric = numeric_equal(answer, gold)
+        if numeric is True:  # exact numbers agree: no need to ask sympy
+            return RewardResult(1.0, "correct", "numeric")
+        outcome, correct = self._math_verify(str(answer), str(gold))
+        if outcome == "ok":
+            return RewardResult(1.0 if correct else 0.0, "correct" if correct else "incorrect", "math_verify")
+        if numeric is False:
+            return RewardResult(0.0, "incorrect", "numeric")
+        status = {"timeout": "timeout", "unparsed": "unparsed", "error": "error"}.get(outcome, "unparsed")
+        return RewardResult(0.0, status, "none")
+
+
+_DEFAULT: MathVerifier | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_verifier() -> MathVerifier:
+    """One process-wide verifier (one worker process), created on first use."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = MathVerifier()
+        return _DEFAULT
+
+
+def math_reward(answer: str | None, gold: str, verifier: MathVerifier | None = None) -> RewardResult:
+    return (verifier or default_verifier()).score(answer, gold)
+
+
+# ---------------------------------------------------------------- QA token F1 (HotpotQA / SQuAD style)
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, drop punctuation and the articles a/an/the, collapse whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """Token-level F1 between normalized answers; yes/no/noanswer must match exactly (HotpotQA's rule)."""
+    p, g = normalize_answer(prediction), normalize_answer(gold)
+    if (p in ("yes", "no", "noanswer") or g in ("yes", "no", "noanswer")) and p != g:
+        return 0.0
+    p_tok, g_tok = p.split(), g.split()
+    common = collections.Counter(p_tok) & collections.Counter(g_tok)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p_tok), same / len(g_tok)
+    return 2 * precision * recall / (precision + recall)
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+__all__ = ["STATUSES", "MathVerifier", "RewardResult", "default_verifier", "exact_match", "math_reward",
+           "normalize_answer", "numeric_equal", "to_number", "token_f1"]

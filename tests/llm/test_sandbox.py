@@ -1,0 +1,205 @@
+"""The Python tool's sandbox: bad code never raises, and nothing escapes or stalls.
+
+Every run is bounded by its own wall-time limit (a few seconds), so no test can hang.  The escape tests
+need the kernel isolation (root, as on this project's machines and CI) and skip elsewhere, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+
+from rtpo.llm import sandbox
+from rtpo.llm.sandbox import SandboxLimits, isolation_mode, run_python
+
+FAST = SandboxLimits(wall_time_s=20.0, cpu_time_s=5)  # generous wall time: a loaded machine starts Python slowly
+
+kernel = pytest.mark.skipif(
+    not (hasattr(os, "geteuid") and os.geteuid() == 0), reason="kernel isolation needs root (CI runs as root)"
+)
+
+
+def _sandbox_processes() -> list[int]:
+    """Host pids owned by any sandbox uid (they must all be gone after a run)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.stat(f"/proc/{d}").st_uid >= sandbox._UID_BASE:
+                    pids.append(int(d))
+            except FileNotFoundError:
+                pass
+    return pids
+
+
+@kernel
+def test_kernel_isolation_is_active_here():
+    assert isolation_mode() == "namespaces"
+
+
+def test_plain_program_and_exit_status():
+    r = run_python("import sys\nprint('hello', 6 * 7)\nsys.exit(3)", FAST)
+    assert r.stdout == "hello 42\n" and r.exit_code == 3 and not r.timed_out and not r.ok
+    good = run_python("print(sum(range(10)))", FAST)
+    assert good.ok and good.stdout.strip() == "45" and good.limits_hit == ()
+
+
+def test_bad_code_is_a_result_not_an_exception():
+    r = run_python("def f(:\n  pass", FAST)
+    assert r.exit_code == 1 and "SyntaxError" in r.stderr
+    r = run_python("raise KeyError('boom')", FAST)
+    assert r.exit_code == 1 and "KeyError: 'boom'" in r.stderr
+    r = run_python("\udcff = 1", FAST)  # a lone surrogate in the source: still a result
+    assert r.exit_code != 0
+
+
+@kernel
+def test_fork_bomb_is_contained_and_leaves_nothing():
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    r = run_python(code, SandboxLimits(wall_time_s=4.0, cpu_time_s=2, max_processes=16))
+    assert not r.ok
+    assert r.timed_out or "cpu_time" in r.limits_hit or r.signal is not None
+    assert _sandbox_processes() == []
+
+
+@kernel
+def test_background_process_dies_with_the_call():
+    code = ("import subprocess, os\n"
+            "subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+            "os.setsid() if False else None\nprint('spawned')\n")
+    r = run_python(code, FAST)
+    assert r.stdout.strip() == "spawned"
+    assert _sandbox_processes() == []
+
+
+def test_memory_bomb_hits_the_memory_limit():
+    r = run_python("x = bytearray(3 * 1024 ** 3)\nprint('allocated')", SandboxLimits(wall_time_s=6.0, memory_bytes=512 << 20))
+    assert r.exit_code == 1 and "memory" in r.limits_hit and "allocated" not in r.stdout
+
+
+def test_memory_growth_loop_is_stopped():
+    code = "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 1024 ** 2))\n"
+    r = run_python(code, SandboxLimits(wall_time_s=6.0, memory_bytes=512 << 20))
+    assert not r.ok and "memory" in r.limits_hit
+
+
+def test_busy_loop_hits_the_cpu_limit():
+    r = run_python("while True:\n    pass", SandboxLimits(wall_time_s=8.0, cpu_time_s=1))
+    assert r.exit_code is None and r.signal is not None and not r.ok
+    assert "cpu_time" in r.limits_hit or "wall_time" in r.limits_hit
+
+
+def test_sleeping_program_hits_the_wall_limit():
+    r = run_python("import time\ntime.sleep(600)", SandboxLimits(wall_time_s=1.5))
+    assert r.timed_out and "wall_time" in r.limits_hit and r.wall_time_s < 10
+
+
+@kernel
+def test_writes_outside_its_folder_do_not_appear(tmp_path):
+    tag = uuid.uuid4().hex
+    targets = [
+        tmp_path / f"escape-{tag}.txt",
+        os.path.join(os.path.expanduser("~"), f"escape-{tag}.txt"),
+        f"/tmp/escape-{tag}.txt",
+        f"/dev/shm/escape-{tag}.txt",
+        f"/var/tmp/escape-{tag}.txt",
+        f"/run/lock/escape-{tag}.txt",
+        os.path.join(os.getcwd(), f"escape-{tag}.txt"),
+    ]
+    code = ("import os\nfor p in %r:\n"
+            "    try:\n        open(p, 'w').write('x')\n        print('wrote', p)\n"
+            "    except OSError as e:\n        print('denied', p, e.errno)\n"
+            "open('inside.txt', 'w').write('fine')\nprint(os.getcwd(), open('inside.txt').read())\n") % [str(t) for t in targets]
+    r = run_python(code, FAST)
+    assert r.exit_code == 0, r.stderr
+    assert "fine" in r.stdout  # its own folder works
+    for t in targets:
+        assert not os.path.exists(t), f"sandbox wrote {t} on the host"
+
+
+def test_file_size_limit():
+    r = run_python("open('big', 'wb').write(b'x' * (8 << 20))", SandboxLimits(wall_time_s=6.0, max_file_bytes=1 << 20))
+    assert r.exit_code != 0 and "file_size" in r.limits_hit
+
+
+@kernel
+def test_no_network_even_to_the_hosts_loopback():
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    code = ("import socket\n"
+            "try:\n    socket.create_connection(('127.0.0.1', PORT), timeout=2)\n    print('CONNECTED')\n"
+            "except OSError as e:\n    print('refused', e)\n"
+            "try:\n    socket.getaddrinfo('example.com', 80)\n    print('RESOLVED')\n"
+            "except OSError as e:\n    print('no dns', e)\n").replace("PORT", str(port))
+    try:
+        r = run_python(code, FAST)
+        with pytest.raises(socket.timeout):
+            server.accept()
+    finally:
+        server.close()
+    assert r.exit_code == 0 and "CONNECTED" not in r.stdout and "RESOLVED" not in r.stdout
+
+
+def test_fallback_mode_blocks_sockets_in_python():
+    r = sandbox._run("import socket\nsocket.create_connection(('127.0.0.1', 9))", FAST, "rlimits")
+    assert r.exit_code == 1 and "network access is disabled" in r.stderr and r.isolation == "rlimits"
+
+
+def test_secrets_in_the_environment_do_not_pass(monkeypatch):
+    monkeypatch.setenv("RTPO_TEST_SECRET_TOKEN", "hunter2-" + uuid.uuid4().hex)
+    secret = os.environ["RTPO_TEST_SECRET_TOKEN"]
+    # other processes' /proc/<pid>/environ is hidden only by the kernel isolation (a fresh /proc)
+    procs = ("/proc/PARENT/environ", "/proc/1/environ") if os.geteuid() == 0 else ()
+    code = ("import os\nprint(sorted(os.environ.items()))\n"
+            "for p in PROCS + ('/proc/self/environ',):\n"
+            "    try:\n        print(open(p, 'rb').read())\n    except OSError as e:\n        print('no', p, e.errno)\n").replace("PROCS", repr(procs)).replace("PARENT", str(os.getpid()))
+    r = run_python(code, FAST)
+    assert r.exit_code == 0, r.stderr
+    assert secret not in r.stdout and "RTPO_TEST_SECRET_TOKEN" not in r.stdout
+
+
+def test_huge_output_is_capped_and_stops_the_program():
+    lim = SandboxLimits(wall_time_s=20.0, max_output_bytes=10_000)
+    r = run_python("while True:\n    print('y' * 1000)", lim)
+    assert r.truncated and "output" in r.limits_hit and len(r.stdout) == 10_000 and not r.timed_out
+    r = run_python("import sys\nwhile True:\n    sys.stderr.write('e' * 4096)", lim)
+    assert r.truncated and len(r.stderr) == 10_000
+
+
+def test_binary_and_invalid_utf8_output():
+    r = run_python("import sys\nsys.stdout.buffer.write(bytes(range(256)) + b'\\xff\\xfe tail')", FAST)
+    assert r.exit_code == 0 and isinstance(r.stdout, str)
+    assert "\ufffd" in r.stdout and r.stdout.endswith(" tail")
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError, match="wall_time_s"):
+        SandboxLimits(wall_time_s=0)
+
+
+@kernel
+def test_concurrent_calls_are_isolated_from_each_other():
+    """The env runs tool calls on threads: a fork bomb in one call must not starve a neighbour started
+    while it rages (RLIMIT_NPROC counts per uid, and every call gets its own; with one shared uid the
+    neighbour's fork fails with EAGAIN, as checked by hand with a constant uid)."""
+    import threading
+    import time
+
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    spawn = "import subprocess\nprint(subprocess.run(['echo', 'child ok'], capture_output=True, text=True).stdout.strip())"
+    lim = SandboxLimits(wall_time_s=6.0, cpu_time_s=3, max_processes=8)
+    out = []
+    t = threading.Thread(target=lambda: out.append(run_python(bomb, lim)))
+    t.start()
+    time.sleep(1.5)  # the bomb fills its quota of 8 within a fraction of that
+    neighbours = [run_python(spawn, lim) for _ in range(2)]
+    t.join(30)
+    assert not t.is_alive() and not out[0].ok
+    assert all(r.ok and r.stdout.strip() == "child ok" for r in neighbours), [r.stderr[-200:] for r in neighbours]
+    assert _sandbox_processes() == []
