@@ -183,6 +183,10 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     if b.engine == "vllm":
         from rtpo.llm.engines.vllm import VLLMEngine
 
+        if b.world_size > 1 or b.tensor_parallel_size > 1:
+            # rank 0 of the learner owns this process's torch.distributed world: vLLM gets its own process
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+
         extra: dict[str, Any] = {}
         if b.gpu_memory_utilization is not None:
             extra["gpu_memory_utilization"] = b.gpu_memory_utilization

@@ -15,7 +15,10 @@ Implements rtpo.core.protocols.Sampler with the contract of engines/base.py.  De
   tied lm_head for the CPU GEMM kernel (vLLM does not on CPU), and resets the prefix cache, whose
   blocks hold keys/values of the old weights.
 - On CPU run it in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0 (set here unless the caller chose),
-  which starts in ~5 s instead of ~30 s and lets the weight iterator pass by reference.
+  which starts in ~5 s instead of ~30 s and lets the weight iterator pass by reference.  In-process
+  vLLM owns this process's torch.distributed world (size 1), so a driver that also holds rank 0 of a
+  multi-rank learner runs vLLM in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, as on GPUs):
+  weights then travel as a safetensors folder.
 """
 
 from __future__ import annotations
@@ -109,6 +112,9 @@ class VLLMEngine:
             model_max = json.loads((Path(self.model_path) / "config.json").read_text()).get("max_position_embeddings", 0)
             kwargs["max_num_batched_tokens"] = max(int(max_model_len or model_max or 0), 8192)
         kwargs.update(llm_kwargs)
+        if self.on_cpu and not self.in_process:
+            # the tied-lm_head re-pack runs as a callable inside the engine process
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         self.llm = LLM(**kwargs)
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.vocab_size = int(hf_config.vocab_size)
