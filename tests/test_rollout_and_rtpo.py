@@ -109,3 +109,22 @@ def test_method_registry():
         methods.get("rtpo").Config(G=1)
     with pytest.raises(KeyError, match="unknown estimator"):
         methods.get("rtpo").Config(estimator="bogus")
+
+
+def test_adam_phase_k_leaves_every_other_turn_untouched():
+    """Algorithm 1 freezes turns > k while turn k trains; with one shared tensor Adam's momentum would
+    keep moving them (FINDINGS #7).  The per-turn parameter groups make a phase move turn k only."""
+    mdp = tool_chain(num_turns=3, num_actions=3, seed=2)
+    _, env, sampler, learner = _stack(mdp, lr=0.1)
+    cls = methods.get("rtpo")
+    m = cls(cls.Config(G=4, epochs=2))
+    ctx = RunContext(env, sampler, learner, np.random.default_rng(0))
+    for _ in range(2):  # the second iteration starts with non-zero Adam moments on every turn
+        st = m.begin(ctx, np.arange(16))
+        while st.pending:
+            before = learner.weights()
+            k = int(m.phase(ctx, st)["phase/turn"])
+            after = learner.weights()
+            others = [j for j in range(mdp.num_turns) if j != k]
+            assert np.array_equal(before[others], after[others])
+            assert not np.array_equal(before[k], after[k])

@@ -137,54 +137,80 @@ class TabularSampler:
 
 
 class TabularLearner:
-    """Learner protocol: torch parameters, the core's clipped loss, Adam or SGD."""
+    """Learner protocol: torch parameters, the core's clipped loss, Adam or SGD.
+
+    For a turn-separable policy (a softmax table) the parameters are one tensor per turn and only the
+    turns present in a minibatch enter its graph.  Their gradient is then None, not zero, so Adam skips
+    them: its momentum cannot keep moving turns that Algorithm 1 has frozen (an update on one shared
+    (K, C, A) tensor would, since Adam steps every entry with a non-zero first moment).
+    """
 
     def __init__(self, policy: TabularPolicy, params: np.ndarray, lr: float = 0.1, optimizer: str = "adam") -> None:
         self.policy = policy
-        self.params = torch.nn.Parameter(torch.as_tensor(np.array(params, dtype=np.float64, copy=True)))
-        self.ref_params = self.params.detach().clone()
+        p = torch.as_tensor(np.array(params, dtype=np.float64, copy=True))
+        parts = list(p.unbind(0)) if policy.turn_separable else [p]
+        self.parts = [torch.nn.Parameter(x.clone()) for x in parts]
+        self.ref_params = p.clone()
         if optimizer == "adam":
-            self.opt = torch.optim.Adam([self.params], lr=lr)
+            self.opt = torch.optim.Adam(self.parts, lr=lr)
         elif optimizer == "sgd":
-            self.opt = torch.optim.SGD([self.params], lr=lr)
+            self.opt = torch.optim.SGD(self.parts, lr=lr)
         else:
             raise ValueError(f"unknown optimizer {optimizer!r}; valid: adam, sgd")
 
-    def _token_logp(self, params: torch.Tensor, batch: TurnBatch) -> torch.Tensor:
+    def _logits(self, turn: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        if not self.policy.turn_separable:
+            return self.policy.logits(self.parts[0], turn, ctx)
+        rows, chunks = [], []
+        for k in torch.unique(turn).tolist():
+            r = torch.nonzero(turn == k).squeeze(1)
+            rows.append(r)
+            chunks.append(self.parts[k][ctx[r]])
+        return torch.cat(chunks)[torch.argsort(torch.cat(rows))]
+
+    def _token_logp(self, batch: TurnBatch, params: torch.Tensor | None = None) -> torch.Tensor:
         if not batch.tokens.is_uniform(1):
             raise ValueError("tabular responses are exactly one token (the action)")
         turn, ctx = _decode_contexts(batch.contexts)
-        lp = self.policy.log_probs(params, turn, ctx)
+        if params is None:
+            lp = torch.log_softmax(self._logits(turn, ctx), dim=-1)
+        else:
+            lp = self.policy.log_probs(params, turn, ctx)
         return lp.gather(1, torch.tensor(batch.tokens.values)[:, None]).squeeze(1)
 
     def logprobs(self, batch: TurnBatch) -> Ragged:
         with torch.no_grad():
-            lp = self._token_logp(self.params, batch).numpy()
+            lp = self._token_logp(batch).numpy()
         return Ragged(lp, batch.tokens.offsets)
 
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
         flat = FlatBatch.from_batch(batch)
-        logp = self._token_logp(self.params, batch)
+        logp = self._token_logp(batch)
         ref = None
         if loss.kl_coef > 0:
             with torch.no_grad():
-                ref = self._token_logp(self.ref_params, batch)
+                ref = self._token_logp(batch, self.ref_params)
         value, metrics = clipped_policy_loss(logp, flat, loss, ref)
-        self.opt.zero_grad()
+        self.opt.zero_grad(set_to_none=True)
         value.backward()
-        metrics["train/grad_norm"] = float(self.params.grad.norm())
+        grads = [p.grad for p in self.parts if p.grad is not None]
+        metrics["train/grad_norm"] = float(torch.sqrt(sum((g**2).sum() for g in grads))) if grads else 0.0
         self.opt.step()
         return metrics
 
     def weights(self) -> np.ndarray:
-        return self.params.detach().numpy().copy()
+        with torch.no_grad():
+            w = torch.stack(self.parts) if self.policy.turn_separable else self.parts[0]
+            return w.numpy().copy()
 
     def state_dict(self) -> dict:
         return {"params": self.weights(), "ref": self.ref_params.numpy().copy(), "opt": self.opt.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        w = torch.as_tensor(state["params"])
         with torch.no_grad():
-            self.params.copy_(torch.as_tensor(state["params"]))
+            for part, x in zip(self.parts, w.unbind(0) if self.policy.turn_separable else [w]):
+                part.copy_(x)
         self.ref_params = torch.as_tensor(state["ref"]).clone()
         self.opt.load_state_dict(state["opt"])
 

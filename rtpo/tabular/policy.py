@@ -18,6 +18,9 @@ class TabularPolicy:
     num_turns: int
     num_contexts: int
     num_actions: int
+    # True when params[k] alone parameterises turn k (a table); the learner then keeps one tensor per
+    # turn so that training turn k cannot move any other turn (Algorithm 1: turn k+1.. stay frozen).
+    turn_separable: bool = False
 
     def init_params(self, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
@@ -47,6 +50,7 @@ class SoftmaxTable(TabularPolicy):
     num_contexts: int
     num_actions: int
     init_scale: float = 0.0
+    turn_separable = True
 
     def init_params(self, rng: np.random.Generator) -> np.ndarray:
         shape = (self.num_turns, self.num_contexts, self.num_actions)

@@ -1,0 +1,5 @@
+"""The verification suite: every claim of SPEC §4 as a property test that can fail (`pytest rtpo/verify`).
+
+Exact enumeration on tiny TurnMDPs first (exact.py), Hypothesis strategies (strategies.py), and a
+registry of deliberately broken variants (mutants.py) that the suite must kill (`rtpo verify --mutants`).
+"""

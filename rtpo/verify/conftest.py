@@ -1,0 +1,34 @@
+"""Suite-wide setup: the Hypothesis profile (unless the root conftest registered it) and the active mutant.
+
+Profiles: `ci` (derandomized, no example database, no deadline — deterministic on any machine) and
+`dev` (random, more examples); HYPOTHESIS_PROFILE selects one, default `ci`.  RTPO_MUTANT=<name>
+applies a deliberately broken variant from rtpo/verify/mutants.py before any test module is imported,
+so `RTPO_MUTANT=no_sync pytest rtpo/verify` runs the suite against it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from rtpo.verify.mutants import ensure_profile
+
+ensure_profile()
+# The claim tests run tiny tensors; one intra-op thread avoids thread hand-off costs that dominate them
+# (and oversubscription on a shared 2-core machine).  Results do not depend on the thread count.
+torch.set_num_threads(1)
+
+_MUTANT = os.environ.get("RTPO_MUTANT", "").strip()
+if _MUTANT:
+    from rtpo.verify import mutants
+
+    try:
+        mutants.activate(_MUTANT)
+    except KeyError as err:
+        raise pytest.UsageError(str(err.args[0])) from None
+
+
+def pytest_report_header(config):
+    return f"rtpo verify: mutant={_MUTANT or '(none)'}"
