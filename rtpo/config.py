@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-SECTIONS = ("name", "seed", "backend", "task", "method", "budget", "train", "eval", "logging")
+SECTIONS = ("name", "seed", "backend", "task", "method", "budget", "train", "eval", "logging", "resources")
 
 
 class ConfigError(ValueError):
@@ -62,6 +62,9 @@ class BackendConfig(Section):
     """Base of every backend section; a backend registers a subclass with its own fields."""
 
     kind: str = Field(description="registered backend: tabular | llm")
+    distributed: Literal["none", "sharded", "ray"] = Field(
+        "none", description="in-process | in-process with per-boundary rng streams | Ray workers (rtpo.distributed)")
+    address: str | None = Field(None, description="Ray cluster to join (auto, ray://host:10001); null starts a local one")
 
 
 class BudgetConfig(Section):
@@ -114,6 +117,7 @@ class ScenarioConfig(BaseModel):
     train: TrainConfig = Field(default_factory=TrainConfig, description="optimiser settings")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation schedule and target")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="progress bar and plots")
+    resources: dict | None = Field(None, description="Ray worker layout (rtpo.distributed.Resources); null = defaults")
 
     def to_dict(self) -> dict:
         """The resolved config as plain data; parse_scenario(cfg.to_dict()) == cfg."""
@@ -122,6 +126,7 @@ class ScenarioConfig(BaseModel):
             "name": self.name, "seed": self.seed, "backend": self.backend.model_dump(), "task": task,
             "method": self.method.to_dict(), "budget": self.budget.model_dump(), "train": self.train.model_dump(),
             "eval": self.eval.model_dump(), "logging": self.logging.model_dump(),
+            **({"resources": self.resources} if self.resources is not None else {}),
         }
 
     def to_yaml(self) -> str:
@@ -237,8 +242,18 @@ def parse_scenario(data: Any) -> ScenarioConfig:
     for key, model in (("budget", BudgetConfig), ("train", TrainConfig), ("eval", EvalConfig),
                        ("logging", LoggingConfig)):
         sections[key] = validate_model(model, data.get(key) or {}, key)
+    resources_raw = data.get("resources")
+    if resources_raw is not None:
+        if not isinstance(resources_raw, dict):
+            raise ConfigError(f"resources: must be a mapping, got {_fmt_input(resources_raw)}")
+        from rtpo.distributed.resources import Resources
+
+        try:
+            Resources.from_dict(resources_raw)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(str(e).splitlines()[0]) from None
     return ScenarioConfig(name=name, seed=seed, backend=backend, task=task,
-                          method=_method_section(data["method"]), **sections)
+                          method=_method_section(data["method"]), resources=resources_raw, **sections)
 
 
 # -- files and overrides -----------------------------------------------------------------------------

@@ -191,6 +191,17 @@ def run_scenario(
         _atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
 
     built = get_backend(cfg.backend.kind).build(cfg)
+    if cfg.backend.distributed != "none":
+        from rtpo.distributed import distribute  # Ray is imported only by runs that ask for it
+
+        built = distribute(built, cfg, cfg.backend.distributed, cfg.resources, cfg.backend.address)
+    try:
+        return _run_loop(cfg, built, run_dir, resume, progress)
+    finally:
+        getattr(built.ctx, "shutdown", lambda: None)()
+
+
+def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, resume, progress: bool) -> RunResult:
     method = cfg.method.build()
     ctx = built.ctx
     if resume is not None and (run_dir / CHECKPOINT).exists():
@@ -235,6 +246,7 @@ def run_scenario(
                     break
                 t0 = time.perf_counter()
                 phase_metrics = method.phase(ctx, prog.it_state)
+                phase_metrics.update(getattr(ctx, "pop_metrics", dict)())  # distributed backends' timings
                 phase_s = time.perf_counter() - t0
                 prog.phase_in_iter += 1
                 prog.global_phase += 1

@@ -44,7 +44,14 @@ def rollout(
 
     n > 1 samples n responses per episode at the first step (one generate call with n samples per
     context: vLLM shares the prompt's prefix cache) and forks the episode n ways, giving B·n results.
+
+    A sampler that runs whole episodes on its own workers (rtpo.distributed) provides
+    `run_rollout(env, episodes, query_ids, rng, n, record_boundaries)`; the call is handed to it
+    unchanged, so methods drive local and distributed backends through this one function.
     """
+    run_rollout = getattr(sampler, "run_rollout", None)
+    if run_rollout is not None:
+        return run_rollout(env, episodes, query_ids, rng, n=n, record_boundaries=record_boundaries)
     query_ids = np.asarray(query_ids, dtype=np.int64)
     num = len(query_ids) * n
     live = np.arange(num, dtype=np.int64)  # episode id of every live row

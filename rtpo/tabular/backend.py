@@ -212,7 +212,7 @@ class TabularLearner:
         return {"params": self.weights(), "ref": self.ref_params.numpy().copy(), "opt": self.opt.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        w = torch.as_tensor(state["params"])
+        w = torch.tensor(state["params"])
         with torch.no_grad():
             for part, x in zip(self.parts, w.unbind(0) if self.policy.turn_separable else [w]):
                 part.copy_(x)

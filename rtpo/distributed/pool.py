@@ -1,0 +1,107 @@
+"""Rollout worker actors and the driver-side pool that feeds them chunks by pull (a ChunkExecutor).
+
+Each rollout actor holds one Sampler + Environment built by a picklable factory.  The driver keeps a
+queue of chunks; whenever an actor is idle it gets the next one (pull scheduling, so a slow actor or a
+long chunk never holds the others up).  Weights go out once per sync: `ray.put` on the driver (or on
+the trainer's rank 0), then every actor gets the same ObjectRef.  Each task carries the current
+weights version and ref, so an actor that was restarted mid-phase reloads exactly the weights its lost
+chunks were meant to run with; with the chunk's own rng stream the re-run reproduces the lost result
+exactly, and chunks that had finished are already on the driver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rtpo.core.rollout import RolloutResult
+from rtpo.core.types import Generation, Ragged
+from rtpo.distributed.actors import Faulty, PullPool
+from rtpo.distributed.shards import Chunk, build_parts, run_chunk
+
+
+@dataclass(frozen=True)
+class RemoteWeights:
+    """Weights already in the Ray object store (put by the trainer's rank 0); `ref` is an ObjectRef."""
+
+    ref: Any
+
+
+class RolloutWorker(Faulty):
+    """The rollout actor body (wrapped with ray.remote by the pool): one env + sampler, weights by version."""
+
+    def __init__(self, factory: Callable[..., Any]) -> None:
+        parts = build_parts(factory, "rollout")
+        self.env, self.sampler = parts.env, parts.sampler
+        self.version = -1  # -1: the factory's initial weights
+
+    def env_info(self) -> tuple[int, float]:
+        return int(self.env.num_turns), float(self.env.gamma)
+
+    def sync(self, version: int, ref_box: list) -> float:
+        """Load weights `version` (ref_box = [ObjectRef], boxed so Ray resolves it only when needed)."""
+        t0 = time.perf_counter()
+        if version != self.version and version >= 0:
+            import ray
+
+            self.sampler.load_weights(ray.get(ref_box[0]))
+            self.version = version
+        return time.perf_counter() - t0
+
+    def run(self, version: int, ref_box: list, chunk: Chunk) -> RolloutResult:
+        self._task_started()
+        self.sync(version, ref_box)
+        return run_chunk(self.env, self.sampler, chunk)
+
+    def generate(self, version: int, ref_box: list, contexts: Ragged, turn: np.ndarray, n: int, seed: int) -> Generation:
+        self.sync(version, ref_box)
+        return self.sampler.generate(contexts, turn, n, np.random.default_rng(seed))
+
+
+class RayRolloutPool(PullPool):
+    """ChunkExecutor over RolloutWorker actors (metrics under `ray/`)."""
+
+    def __init__(self, factory: Callable[..., Any], num_workers: int, **kw: Any) -> None:
+        super().__init__(RolloutWorker, factory, num_workers, prefix="ray", **kw)
+        self.version = -1
+        self._ref = None  # the current weights' ObjectRef, kept alive while any task may need it
+
+    def env_info(self) -> tuple[int, float]:
+        return self._ray.get(self.workers[0].env_info.remote())
+
+    def load_weights(self, weights: Any) -> None:
+        """Broadcast: one object in the store, every actor loads it (timed: ray/weight_sync_s)."""
+        t0 = time.perf_counter()
+        self._ref = weights.ref if isinstance(weights, RemoteWeights) else self._ray.put(weights)
+        self.version += 1
+        calls = [(i, w.sync.remote(self.version, [self._ref])) for i, w in enumerate(self.workers)]
+        load_s = []
+        for i, ref in calls:
+            try:
+                load_s.append(self._ray.get(ref))
+            except self._ray.exceptions.RayActorError:
+                # a dead actor catches up lazily: every task carries the version and the ref
+                self.failures += 1
+                self._revive(i)
+        self._add("ray/weight_syncs", 1.0)
+        self._add("ray/weight_sync_s", time.perf_counter() - t0)
+        if load_s:
+            self._metrics["ray/weight_load_max_s"] = max(self._metrics.get("ray/weight_load_max_s", 0.0), max(load_s))
+
+    def current_weights(self) -> Any:
+        """The weights the workers hold (None before the first load_weights: the factory's own)."""
+        return None if self._ref is None else self._ray.get(self._ref)
+
+    def run_chunks(self, chunks: Sequence[Chunk]) -> list[RolloutResult]:
+        t0 = time.perf_counter()
+        version, box = self.version, [self._ref]
+        out = self._map(len(chunks), lambda w, c: w.run.remote(version, box, chunks[c]))
+        self._add("ray/rollout_s", time.perf_counter() - t0)
+        return out
+
+    def generate(self, contexts: Ragged, turn: np.ndarray, n: int, seed: int) -> Generation:
+        return self._ray.get(self.workers[0].generate.remote(self.version, [self._ref], contexts, turn, n, seed))

@@ -1,0 +1,255 @@
+"""The `llm` backend for scenario files: backend and task sections, and the builder that wires a math
+tool-use environment, an engine (vLLM or HF) and the FSDP2 learner into the core's RunContext.
+
+Importing this module registers the backend (rtpo.backends).  A tabular scenario's `method`, `budget`,
+`train`, `eval` and `logging` sections work unchanged; `backend` and `task` are the LLM ones below.
+`train.lr` is AdamW's learning rate (E.3: 1e-6); `train.optimizer` must be `adam` (AdamW).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rtpo.backends import BackendSpec, BuiltBackend, register_backend
+from rtpo.config import BackendConfig, ConfigError, ScenarioConfig, pydantic_error
+from rtpo.core.methods import RunContext
+from rtpo.core.rollout import rollout
+
+
+class LLMBackendConfig(BackendConfig):
+    """Model, engine and learner of an LLM run (E.3 values where the paper gives them)."""
+
+    kind: Literal["llm"] = Field(description="language models: vLLM/HF engine + FSDP2 learner")
+    model: str = Field(description="local HF model folder (e.g. Qwen3-8B), or 'tiny-random': a random "
+                                   "2-layer Qwen3 with the real Qwen3 tokenizer, built locally (no download)")
+    model_cache: str = Field("runs/.models", description="where 'tiny-random' models are written")
+    engine: Literal["vllm", "hf"] = Field("vllm", description="sampler: vllm (fast) | hf (reference)")
+    temperature: float = Field(0.9, gt=0, description="training sampling temperature, also the learner's (E.3: 0.9)")
+    top_p: float = Field(1.0, gt=0, le=1, description="training top-p; keep 1 so old log-probs match the learner")
+    max_tokens: int = Field(4096, ge=1, description="response tokens per turn (E.3: 4096)")
+    eval_temperature: float = Field(0.6, ge=0, description="evaluation temperature (E.3: 0.6)")
+    eval_top_p: float = Field(0.95, gt=0, le=1, description="evaluation top-p (E.3: 0.95)")
+    max_model_len: int | None = Field(None, ge=16, description="engine context + response limit (null = model's)")
+    block_size: int = Field(32, ge=32, description="KV block tokens; prefix caching shares full blocks (CPU: x32)")
+    kv_cache_gb: float | None = Field(1.0, gt=0, description="engine KV cache memory (null = vLLM default)")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM GPU memory share")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallel GPUs")
+    world_size: int = Field(1, ge=1, description="FSDP2 learner ranks (processes)")
+    threads_per_rank: int | None = Field(None, ge=1, description="torch threads per learner rank (CPU)")
+    micro_batch_tokens: int = Field(16384, ge=1, description="tokens per learner forward pass per rank")
+    grad_clip: float | None = Field(1.0, gt=0, description="max global grad norm (null = off)")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (E.3: 0.01)")
+    param_dtype: Literal["float32", "bfloat16"] = Field("float32", description="learner weight dtype")
+    mixed_precision: Literal["bfloat16", "float16"] | None = Field(None, description="FSDP2 compute dtype (GPU)")
+    engine_dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="engine dtype")
+    gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
+
+
+class LLMTaskConfig(BaseModel):
+    """Math with a sandboxed Python tool: `kind` arithmetic (generated) or a benchmark layout read from `path`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    kind: str = Field(description="arithmetic | gsm8k | math500 | aime24 | aime25 | amc23 | oe_math")
+    path: str | None = Field(None, description="local benchmark file (JSONL/JSON/Parquet) for a layout kind")
+    limit: int | None = Field(None, ge=1, description="keep the first N items of the file")
+    eval_path: str | None = Field(None, description="held-out file for evaluation (same layout; null = the task)")
+    n: int = Field(64, ge=1, description="arithmetic: number of problems")
+    task_seed: int = Field(0, ge=0, description="arithmetic: generator seed")
+    max_operand: int = Field(20, ge=1, description="arithmetic: largest operand")
+    num_operands: int = Field(2, ge=2, description="arithmetic: operands per problem")
+    num_turns: int = Field(3, ge=1, description="K, the turn horizon (E.3: 3 for math)")
+    context_map: str = Field("think_strip", description="psi: think_strip (E.4) | identity | last_turns")
+    enable_thinking: bool = Field(True, description="Qwen3 thinking mode")
+    system: str | None = Field(None, description="optional system prompt")
+    max_calls_per_turn: int = Field(2, ge=1, description="tool calls run per turn")
+    eval_queries: int = Field(16, ge=1, description="problems per evaluation")
+
+    @model_validator(mode="after")
+    def _check(self) -> LLMTaskConfig:
+        if self.kind != "arithmetic" and self.path is None:
+            raise ValueError(f"kind {self.kind!r} reads a local file: set task.path")
+        return self
+
+    def to_dict(self) -> dict:
+        return self.model_dump()
+
+
+def parse_task(data: Any) -> LLMTaskConfig:
+    from rtpo.llm.tasks.math import LAYOUTS
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"task: must be a mapping, got {data!r}")
+    kind = data.get("kind")
+    valid = ["arithmetic", *LAYOUTS.names()]
+    if kind not in valid:
+        raise ConfigError(f"task.kind: unknown LLM task {kind!r} (valid: {', '.join(valid)})")
+    try:
+        return LLMTaskConfig.model_validate(data)
+    except ValidationError as e:
+        raise pydantic_error(e, "task") from None
+
+
+def load_task(task: LLMTaskConfig, which: str = "train"):
+    from rtpo.llm.tasks.math import MathDataError, arithmetic_task, load_math
+
+    try:
+        if task.kind == "arithmetic":
+            seed = task.task_seed if which == "train" else task.task_seed + 1_000_003
+            return arithmetic_task(task.n, seed, max_operand=task.max_operand, num_operands=task.num_operands)
+        path = task.path if which == "train" or task.eval_path is None else task.eval_path
+        return load_math(path, task.kind, limit=task.limit)
+    except (MathDataError, ValueError) as e:
+        raise ConfigError(f"task.{'path' if task.kind != 'arithmetic' else 'kind'}: {e}") from None
+
+
+def tiny_random_model(cache: str | os.PathLike, seed: int) -> Path:
+    """A random tiny Qwen3 with the real Qwen3 vocab (151,936 rows), built once per seed and reused."""
+    from rtpo.llm.chat import load_qwen3_tokenizer
+    from rtpo.llm.model import TinyQwen3Spec, build_tiny_qwen3
+
+    out = Path(cache) / f"tiny-qwen3-seed{seed}"
+    if (out / "config.json").is_file():
+        return out
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    build_tiny_qwen3(tmp, tokenizer=load_qwen3_tokenizer(), spec=TinyQwen3Spec(vocab_size=151936), seed=seed,
+                     init_std=0.02)
+    if not out.exists():  # another run may have finished the same build meanwhile
+        os.replace(tmp, out)
+    return out
+
+
+class TrackedSampler:
+    """The engine, plus what the run needs around it: the weights it last loaded (checkpoints) and the
+    time spent loading weights (the sync share of a phase)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.current: Any = None
+        self.sync_seconds = 0.0
+        self.syncs = 0
+
+    def generate(self, contexts, turn, n, rng):
+        return self.engine.generate(contexts, turn, n, rng)
+
+    def load_weights(self, weights: Any) -> None:
+        t0 = time.perf_counter()
+        self.engine.load_weights(weights)
+        self.sync_seconds += time.perf_counter() - t0
+        self.syncs += 1
+        self.current = weights
+
+
+def _check_model_dir(path: str) -> Path:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise ConfigError(f"backend.model: {path} is not a local HF model folder (no config.json)")
+    return p
+
+
+def build(cfg: ScenarioConfig) -> BuiltBackend:
+    from rtpo.llm.chat import load_qwen3_tokenizer
+    from rtpo.llm.engines import SamplingConfig
+    from rtpo.llm.env import LLMEnv
+    from rtpo.llm.learner import LearnerConfig, launch_learner
+
+    b: LLMBackendConfig = cfg.backend
+    task: LLMTaskConfig = cfg.task
+    if cfg.train.optimizer != "adam":
+        raise ConfigError(f"train.optimizer: the LLM learner uses AdamW ('adam'), got {cfg.train.optimizer!r}")
+    model_dir = tiny_random_model(b.model_cache, cfg.seed) if b.model == "tiny-random" else _check_model_dir(b.model)
+    tokenizer = load_qwen3_tokenizer(str(model_dir))
+    train_task, eval_task = load_task(task, "train"), load_task(task, "eval")
+
+    def make_env(t):
+        try:
+            return LLMEnv(t, tokenizer, context_map=task.context_map, num_turns=task.num_turns,
+                          enable_thinking=task.enable_thinking, system=task.system,
+                          max_calls_per_turn=task.max_calls_per_turn)
+        except (KeyError, ValueError) as e:
+            raise ConfigError(f"task: {' '.join(str(e).split())}") from None
+
+    env, eval_env = make_env(train_task), make_env(eval_task)
+    stop = tuple(sorted(env.chat.stop_ids))
+    sampling = SamplingConfig(temperature=b.temperature, top_p=b.top_p, max_tokens=b.max_tokens, stop_token_ids=stop)
+    eval_sampling = SamplingConfig(temperature=b.eval_temperature, top_p=b.eval_top_p, max_tokens=b.max_tokens,
+                                   stop_token_ids=stop)
+    if b.engine == "vllm":
+        from rtpo.llm.engines.vllm import VLLMEngine
+
+        if b.world_size > 1 or b.tensor_parallel_size > 1:
+            # rank 0 of the learner owns this process's torch.distributed world: vLLM gets its own process
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+
+        extra: dict[str, Any] = {}
+        if b.gpu_memory_utilization is not None:
+            extra["gpu_memory_utilization"] = b.gpu_memory_utilization
+        if b.tensor_parallel_size > 1:
+            extra["tensor_parallel_size"] = b.tensor_parallel_size
+        engine = VLLMEngine(model_dir, sampling, seed=cfg.seed, block_size=b.block_size, max_model_len=b.max_model_len,
+                            dtype=b.engine_dtype, kv_cache_gb=b.kv_cache_gb, **extra)
+    else:
+        from rtpo.llm.engines.hf import HFEngine
+
+        engine = HFEngine(model_dir, sampling)
+    kl = float(getattr(cfg.method.config, "kl_coef", 0.0) or 0.0)
+    lcfg = LearnerConfig(lr=cfg.train.lr, weight_decay=b.weight_decay, grad_clip=b.grad_clip, temperature=b.temperature,
+                         micro_batch_tokens=b.micro_batch_tokens, kl_reference=kl > 0, param_dtype=b.param_dtype,
+                         mixed_precision=b.mixed_precision, gradient_checkpointing=b.gradient_checkpointing)
+    learner = launch_learner(model_dir, lcfg, world_size=b.world_size, threads_per_rank=b.threads_per_rank)
+    if b.world_size > 1:
+        atexit.register(learner.close)
+    sampler = TrackedSampler(engine)
+    rng = np.random.default_rng(cfg.seed)
+    ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng)
+    eval_ids = np.arange(min(task.eval_queries, len(eval_task)), dtype=np.int64)
+
+    def evaluate() -> dict[str, float]:
+        """Pass@1 (mean 0/1 reward) of the learner's current weights on a fixed problem set, with the
+        evaluation sampling settings and a fixed seed (the same draws every time); the sampler's own
+        weights are put back afterwards (an off-policy method may keep them stale on purpose)."""
+        out = {f"env/{k}": float(v) for k, v in env.pop_metrics().items()}
+        previous = sampler.current
+        engine.load_weights(learner.weights())
+        saved, engine.sampling = engine.sampling, eval_sampling
+        try:
+            erng = np.random.default_rng(cfg.seed + 7919)
+            res = rollout(eval_env, engine, eval_env.reset(eval_ids, erng), eval_ids, erng)
+        finally:
+            engine.sampling = saved
+            if previous is not None:
+                engine.load_weights(previous)
+        trajs = res.trajectories
+        m = eval_env.pop_metrics()
+        turns = max(m.get("turns", 0), 1)
+        out.update({
+            "eval/value": float(np.mean([t.ret for t in trajs])),
+            "eval/pass@1": float(np.mean([t.ret > 0 for t in trajs])),
+            "eval/tokens_mean": float(np.mean([t.num_tokens for t in trajs])),
+            "eval/turns_mean": float(np.mean([t.num_turns for t in trajs])),
+            "eval/tool_calls_mean": float(m.get("tool/calls", 0)) / len(trajs),
+            "eval/tool_ok_rate": float(m.get("tool/ok", 0)) / max(m.get("tool/calls", 0), 1),
+            "eval/truncation_rate": float(m.get("truncated_turns", 0)) / turns,
+            "eval/malformed_rate": float(m.get("malformed", 0)) / turns,
+            "time/weight_sync_s": sampler.sync_seconds,
+            "time/weight_syncs": float(sampler.syncs),
+        })
+        return out
+
+    return BuiltBackend(
+        ctx=ctx,
+        evaluate=evaluate,
+        sampler_state=lambda: sampler.current,
+        load_sampler_state=lambda w: sampler.load_weights(w) if w is not None else None,
+        num_queries=len(train_task),
+        value_key="eval/value",
+    )
+
+
+register_backend("llm", BackendSpec(config=LLMBackendConfig, parse_task=parse_task, build=build))

@@ -1,0 +1,138 @@
+"""The reference engine: sampling from a Hugging Face transformers causal LM, runs anywhere torch runs.
+
+It implements the core's Sampler protocol with the same contract as the vLLM engine (n samples per
+context, per-turn token limits, stop tokens, processed log-probs; see engines/base.py).  It decodes
+all B·n rows as one left-padded batch with a KV cache; slow next to vLLM, but simple enough to serve
+as the ground truth in the engine tests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from rtpo.core.types import Generation, Ragged
+from rtpo.llm.engines.base import SamplingConfig, check_request, model_stop_ids, seeds_from, to_generation
+from rtpo.llm.model import load_hf_model
+
+
+def processed_logprobs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """log-probs of the distribution tokens are drawn from: log softmax(logits / T), then top-p.
+
+    Top-p follows vLLM's rule (drop the smallest tokens whose cumulative mass stays <= 1 − p, always
+    keep the most likely one) so both engines sample from, and record, the same distribution.
+    """
+    scaled = logits.float() / cfg.logprob_temperature
+    if cfg.top_p < 1.0 and not cfg.greedy:
+        sorted_logits, idx = scaled.sort(dim=-1, descending=False)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= 1.0 - cfg.top_p
+        drop[..., -1] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        scaled = torch.empty_like(scaled).scatter_(-1, idx, sorted_logits)
+    return torch.log_softmax(scaled, dim=-1)
+
+
+class HFEngine:
+    """Sampler over a transformers model loaded from a local HF folder.
+
+    model_path: folder with config.json and weights (e.g. from rtpo.llm.model.build_tiny_qwen3).
+    sampling:   SamplingConfig; the model's EOS ids always stop a turn as well.
+    """
+
+    def __init__(self, model_path: str | os.PathLike, sampling: SamplingConfig, dtype: torch.dtype = torch.float32,
+                 device: str = "cpu") -> None:
+        self.model_path = str(model_path)
+        self.sampling = sampling
+        self.device = torch.device(device)
+        self.model = load_hf_model(model_path, dtype=dtype, device=device)
+        cfg = self.model.config
+        self.eos_ids = model_stop_ids(model_path)
+        self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else (self.eos_ids or [0])[0]
+        self.vocab_size = int(cfg.vocab_size)
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """The model's EOS ids plus the sampling config's stop ids."""
+        return sorted(set(self.eos_ids) | set(self.sampling.stop_token_ids))
+
+    # -- Sampler protocol ------------------------------------------------------------------------
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copy a full HF-named state dict (e.g. FSDPLearner.weights()) into the model in place."""
+        own = self.model.state_dict()
+        unknown = [k for k in weights if k not in own]
+        if unknown:
+            raise KeyError(f"weights name parameters the model does not have: {unknown[:3]}")
+        with torch.no_grad():
+            for name, value in weights.items():
+                own[name].copy_(value.to(own[name].dtype))
+
+    @torch.no_grad()
+    def generate(self, contexts: Ragged, turn: np.ndarray, n: int, rng: np.random.Generator) -> Generation:
+        turn = check_request(contexts, turn, n, self.vocab_size)
+        cfg = self.sampling
+        rows = np.repeat(np.arange(len(contexts)), n)
+        limits = torch.as_tensor(cfg.max_tokens_for(turn)[rows])
+        if rows.size == 0:
+            return to_generation([], [])
+        gen = torch.Generator(device="cpu").manual_seed(int(seeds_from(rng, 1)[0]))
+        ctx = contexts.take(rows)
+        dense, mask = ctx.to_dense(pad=self.pad_id)
+        width = dense.shape[1]
+        # left-pad so that every row's next token is at the last position
+        shift = width - ctx.lengths
+        ids = np.full_like(dense, self.pad_id)
+        att = np.zeros_like(mask)
+        for i, s in enumerate(shift):  # B·n rows, each one slice copy
+            ids[i, s:] = dense[i, : width - s]
+            att[i, s:] = True
+        input_ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        attention = torch.as_tensor(att, dtype=torch.long, device=self.device)
+        position = (attention.cumsum(-1) - 1).clamp(min=0)
+        stop = torch.as_tensor(self.stop_ids, dtype=torch.long, device=self.device)
+        num = rows.size
+        out_tokens = torch.full((num, int(limits.max())), -1, dtype=torch.long)
+        out_logp = torch.zeros((num, int(limits.max())), dtype=torch.float64)
+        done = torch.zeros(num, dtype=torch.bool)
+        length = torch.zeros(num, dtype=torch.long)
+        past: Any = None
+        step_ids, step_pos = input_ids, position
+        for t in range(int(limits.max())):
+            out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=step_pos,
+                             past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            lp = processed_logprobs(out.logits[:, -1, :], cfg)
+            if cfg.greedy:
+                nxt = lp.argmax(dim=-1)
+            else:
+                nxt = torch.multinomial(lp.exp().cpu(), 1, generator=gen).squeeze(1).to(self.device)
+            live = ~done
+            out_tokens[live, t] = nxt[live].cpu()
+            out_logp[live, t] = lp.gather(1, nxt[:, None]).squeeze(1)[live].double().cpu()
+            length[live] += 1
+            done |= torch.isin(nxt, stop).cpu() | (length >= limits)
+            if bool(done.all()):
+                break
+            step_ids = torch.where(done.to(self.device), torch.full_like(nxt, self.pad_id), nxt)[:, None]
+            step_pos = step_pos[:, -1:] + 1
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+        lens = length.numpy()
+        return to_generation([out_tokens[i, : lens[i]].numpy() for i in range(num)],
+                             [out_logp[i, : lens[i]].numpy() for i in range(num)])
+
+    # -- helpers the tests and the benchmark use ------------------------------------------------
+    @torch.no_grad()
+    def teacher_forced_logprobs(self, contexts: Ragged, responses: Ragged, temperature: float = 1.0) -> Ragged:
+        """log softmax(logits / T) of each response token given its context, one row at a time."""
+        out = []
+        for c, r in zip(contexts, responses):
+            ids = torch.as_tensor(np.concatenate([c, r]), dtype=torch.long, device=self.device)[None]
+            logits = self.model(input_ids=ids).logits[0, c.size - 1 : c.size + r.size - 1].float()
+            lp = torch.log_softmax(logits / temperature, dim=-1)
+            target = torch.as_tensor(np.array(r), dtype=torch.long, device=self.device)
+            out.append(lp.gather(1, target[:, None]).squeeze(1).double().cpu().numpy())
+        return Ragged(np.concatenate(out) if out else np.zeros(0), responses.offsets)

@@ -1,0 +1,506 @@
+"""The LLM learner: a causal LM sharded with torch FSDP2 over 1..N processes, trained with the core's loss.
+
+Implements rtpo.core.protocols.Learner.  Every rank holds one FSDPLearner over the same model folder;
+rank 0 lives in the driver process and is the only one the core talks to: each public call on rank 0
+broadcasts a small command (name + TurnBatch) to the other ranks, which sit in `serve()`, and then all
+ranks run the same collective step.  `launch_learner(...)` starts the N−1 worker processes (spawn)
+and returns rank 0's learner; with N = 1 nothing is spawned.  Gloo on CPU, NCCL on GPUs.
+
+Log-probs (`logprobs`, and inside `train_step`) are teacher-forced over context + response ids:
+log softmax(logits / T) of each response token, with T = LearnerConfig.temperature, which must be the
+engine's sampling temperature (see rtpo.llm.engines.base for the processed-log-prob convention).
+Only response tokens enter the loss, so context tokens get no gradient (Eq. 80).
+
+Data parallelism is exact: rows are dealt to ranks by whole sequences, and each rank's share of the
+core loss is re-weighted so that the sum over ranks (FSDP averages gradients, hence the factor N) is
+the loss of the whole batch — the sharded update equals the one-process update.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
+from rtpo.core.types import Ragged, TurnBatch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Optimiser and numerics of the FSDP learner (E.3 defaults).
+
+    lr, weight_decay:   AdamW (E.3: 1e-6, 0.01).
+    betas, eps:         AdamW moments.
+    grad_clip:          max global grad norm; None = off.
+    temperature:        T of the teacher-forced log-probs; must equal the engine's sampling T (E.3: 0.9).
+    micro_batch_tokens: context + response tokens per forward pass per rank (memory knob; the update
+                        is the same for any value).
+    kl_reference:       keep a frozen copy of the initial weights for LossConfig.kl_coef > 0.
+    param_dtype:        dtype the weights are stored and trained in ("float32" on CPU).
+    mixed_precision:    compute dtype under FSDP2's MixedPrecisionPolicy ("bfloat16" on GPUs); None = off.
+    gradient_checkpointing: recompute activations in backward (long contexts on GPUs).
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    temperature: float = 1.0
+    micro_batch_tokens: int = 16384
+    kl_reference: bool = False
+    param_dtype: str = "float32"
+    mixed_precision: str | None = None
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.micro_batch_tokens < 1:
+            raise ValueError("micro_batch_tokens must be >= 1")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError("grad_clip must be > 0 or None")
+        if self.param_dtype not in _DTYPES:
+            raise ValueError(f"param_dtype must be one of {sorted(_DTYPES)}, got {self.param_dtype!r}")
+        if self.mixed_precision is not None and self.mixed_precision not in _DTYPES:
+            raise ValueError(f"mixed_precision must be one of {sorted(_DTYPES)} or None")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+
+
+# -- the work plan: which rows each rank runs, in which micro-batches ------------------------------
+
+def plan_micro_batches(batch: TurnBatch, world_size: int, micro_batch_tokens: int) -> list[list[np.ndarray]]:
+    """plan[rank][m] = row indices of micro-batch m on `rank`; every rank gets the same number of
+    micro-batches (empty ones run a dummy pass so FSDP's collectives line up).
+
+    Whole sequences stay together (a GSPO sequence ratio or a multi-row GRPO sequence is never cut);
+    sequences go to the least-loaded rank by tokens, longest first, so the plan is deterministic.
+    """
+    seqs, inverse = np.unique(batch.seq_id, return_inverse=True)
+    row_tokens = batch.contexts.lengths + batch.tokens.lengths
+    seq_tokens = np.bincount(inverse, weights=row_tokens, minlength=seqs.size)
+    load = np.zeros(world_size)
+    owner = np.zeros(seqs.size, dtype=np.int64)
+    for s in np.argsort(-seq_tokens, kind="stable"):
+        r = int(np.argmin(load))
+        owner[s] = r
+        load[r] += seq_tokens[s]
+    plan: list[list[np.ndarray]] = []
+    for r in range(world_size):
+        micro: list[np.ndarray] = []
+        current: list[int] = []
+        used = 0
+        for s in np.flatnonzero(owner == r):
+            rows = np.flatnonzero(inverse == s)
+            need = int(row_tokens[rows].sum())
+            if current and used + need > micro_batch_tokens:
+                micro.append(np.asarray(current, dtype=np.int64))
+                current, used = [], 0
+            current.extend(rows.tolist())
+            used += need
+        if current:
+            micro.append(np.asarray(current, dtype=np.int64))
+        plan.append(micro)
+    depth = max(1, max(len(m) for m in plan))
+    for m in plan:
+        m.extend([np.zeros(0, dtype=np.int64)] * (depth - len(m)))
+    return plan
+
+
+def _detached(tree: Any) -> Any:
+    """A copy of every tensor in a nested state dict.  With one CPU rank the 'full' state dict
+    shares storage with the live parameters and optimiser moments; a snapshot must not move with them."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _detached(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_detached(v) for v in tree)
+    return tree
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class FSDPLearner:
+    """Learner protocol over an FSDP2-sharded HF causal LM (one object per rank).
+
+    model_path: local HF folder (config, weights, tokenizer) — the same one the engine loads.
+    rank, world_size: this process's place; the process group is created here if none exists
+    (world_size 1: an in-memory store; more: MASTER_ADDR/MASTER_PORT from the environment).
+    """
+
+    def __init__(self, model_path: str | os.PathLike, cfg: LearnerConfig = LearnerConfig(), rank: int = 0,
+                 world_size: int = 1, backend: str | None = None) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from transformers import AutoModelForCausalLM
+
+        self.model_path = str(model_path)
+        self.cfg = cfg
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if self.backend == "nccl":
+            local = int(os.environ.get("LOCAL_RANK", self.rank)) % max(torch.cuda.device_count(), 1)
+            torch.cuda.set_device(local)
+            self.device = torch.device("cuda", local)
+        else:
+            self.device = torch.device("cpu")
+        self._init_process_group()
+        # objects (commands, batches) always travel over gloo, tensors over the mesh's backend
+        self._ctrl = dist.new_group(backend="gloo") if self.world_size > 1 and self.backend != "gloo" else None
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        dtype = _DTYPES[cfg.param_dtype]
+
+        def load():
+            return AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, local_files_only=True)
+
+        self.model = self._shard(load())
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.ref_model = None
+        if cfg.kl_reference:
+            self.ref_model = self._shard(load().requires_grad_(False))
+            self.ref_model.eval()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                     weight_decay=cfg.weight_decay)
+        self.pad_id = int(self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0)
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.steps = 0
+        self._workers: list[Any] = []
+
+    # -- setup -----------------------------------------------------------------------------------
+    def _init_process_group(self) -> None:
+        if dist.is_initialized():
+            if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
+                raise RuntimeError(
+                    f"a process group of size {dist.get_world_size()} exists; this learner needs rank "
+                    f"{self.rank} of {self.world_size}")
+            return
+        if self.world_size == 1:
+            dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size)
+
+    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2: one unit per decoder layer, plus the root (embeddings, final norm, tied lm_head)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        model = model.to(self.device)
+        kwargs: dict[str, Any] = {"mesh": self.mesh}
+        if self.cfg.mixed_precision is not None:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[self.cfg.mixed_precision],
+                                                       reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    # -- command fan-out: rank 0 tells the others what to run --------------------------------------
+    def _broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self._ctrl)
+        return box[0]
+
+    def _call(self, name: str, payload: Any = None) -> Any:
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 drives the learner; other ranks run serve()")
+        if self.world_size > 1:
+            self._broadcast((name, payload))
+        return getattr(self, "_do_" + name)(payload)
+
+    def serve(self) -> None:
+        """Worker ranks: run rank 0's commands until it sends 'stop'."""
+        while True:
+            name, payload = self._broadcast(None)
+            if name == "stop":
+                return
+            getattr(self, "_do_" + name)(payload)
+
+    # -- forward pass ------------------------------------------------------------------------------
+    def _token_logp(self, model: torch.nn.Module, batch: TurnBatch, rows: np.ndarray) -> torch.Tensor:
+        """(N_rows_tokens,) log softmax(logits / T) of the response tokens of `rows`, in row order.
+
+        Rows are left-padded so every response ends at the last position; only the last R_max + 1
+        positions' logits are computed (logits_to_keep), which keeps the vocab-sized tensor small.
+        """
+        if rows.size == 0:  # dummy pass: same collectives as a real one, zero contribution
+            ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
+            return model(input_ids=ids).logits.sum()[None] * 0.0
+        ctx = batch.contexts.take(rows)
+        rsp = batch.tokens.take(rows)
+        seq = Ragged.concat([ctx, rsp])  # rows 0..B-1 contexts, B..2B-1 responses
+        b = rows.size
+        lengths = ctx.lengths + rsp.lengths
+        width = int(lengths.max())
+        ids = np.full((b, width), self.pad_id, dtype=np.int64)
+        att = np.zeros((b, width), dtype=np.int64)
+        for i in range(b):
+            full = np.concatenate([seq[i], seq[b + i]])
+            ids[i, width - full.size:] = full
+            att[i, width - full.size:] = 1
+        input_ids = torch.as_tensor(ids, device=self.device)
+        attention = torch.as_tensor(att, device=self.device)
+        position = (attention.cumsum(-1) - 1).clamp(min=0)
+        r_max = int(rsp.lengths.max())
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position,
+                       logits_to_keep=r_max + 1).logits[:, :-1]  # (b, r_max, V): predicts the last r_max
+        logits = logits.float() / self.cfg.temperature
+        target = torch.as_tensor(ids[:, width - r_max:], device=self.device)
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, target[..., None]).squeeze(-1)  # (b, r_max)
+        keep = torch.as_tensor(np.arange(r_max)[None, :] >= (r_max - rsp.lengths)[:, None], device=self.device)
+        return lp[keep]  # row-major: each row's response tokens in order
+
+    # -- Learner protocol ------------------------------------------------------------------------
+    def logprobs(self, batch: TurnBatch) -> Ragged:
+        self._check(batch)
+        return self._call("logprobs", batch)
+
+    def _do_logprobs(self, batch: TurnBatch) -> Ragged | None:
+        plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
+        mine = []
+        with torch.no_grad():
+            for rows in plan[self.rank]:
+                lp = self._token_logp(self.model, batch, rows)
+                if rows.size:
+                    mine.append((rows, lp.double().cpu().numpy()))
+        parts = self._gather(mine)
+        if self.rank != 0:
+            return None
+        out = np.zeros(batch.num_tokens, dtype=np.float64)
+        offsets = batch.tokens.offsets
+        for rows, lp in (p for rank_parts in parts for p in rank_parts):
+            pos = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in rows])
+            out[pos] = lp
+        return Ragged(out, offsets)
+
+    def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
+        self._check(batch)
+        if loss.kl_coef > 0 and self.ref_model is None:
+            raise ValueError("kl_coef > 0 needs a reference model: build the learner with kl_reference=True")
+        return self._call("train_step", (batch, loss))
+
+    def _do_train_step(self, payload: tuple[TurnBatch, LossConfig]) -> dict[str, float]:
+        """Implements Eq. 6 (§3.1) through rtpo.core.loss.clipped_policy_loss, split exactly over ranks.
+
+        The batch loss is −(policy objective) + β·KL.  The policy part is a mean over sequences
+        (or tokens, for token-mean aggregation) and the KL part a mean over tokens, so micro-batch m
+        contributes w_m·L_m^{no KL} + (N_m/N)·(L_m − L_m^{no KL}), w_m = S_m/S (or N_m/N); the core
+        loss is evaluated once per micro-batch without and once with the KL term to separate them.
+        """
+        batch, cfg = payload
+        plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
+        flat_all = FlatBatch.from_batch(batch)
+        num_seqs, num_tokens = flat_all.num_seqs, batch.num_tokens
+        use_kl = cfg.kl_coef > 0
+        no_kl = LossConfig(clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, ratio=cfg.ratio,
+                           aggregation=cfg.aggregation, log_ratio_clip=cfg.log_ratio_clip, kl_coef=0.0)
+        sums: dict[str, float] = {}
+        self.opt.zero_grad(set_to_none=True)
+        micro = plan[self.rank]
+        for m, rows in enumerate(micro):
+            self.model.set_requires_gradient_sync(m == len(micro) - 1)
+            logp = self._token_logp(self.model, batch, rows)
+            if rows.size == 0:
+                (logp.sum() * 0.0).backward()
+                continue
+            sub = batch.take(rows)
+            flat = FlatBatch.from_batch(sub)
+            tok_share = sub.num_tokens / num_tokens
+            pol_share = tok_share if cfg.aggregation == "token-mean" else flat.num_seqs / num_seqs
+            ref = None
+            if use_kl:
+                with torch.no_grad():
+                    ref = self._token_logp(self.ref_model, batch, rows)
+            policy_loss, metrics = clipped_policy_loss(logp, flat, no_kl)
+            total = pol_share * policy_loss
+            if use_kl:
+                full_loss, kl_metrics = clipped_policy_loss(logp, flat, cfg, ref)
+                total = total + tok_share * (full_loss - policy_loss)
+                metrics["loss/kl_ref"] = kl_metrics["loss/kl_ref"]
+            (total * self.world_size).backward()  # FSDP averages gradients over ranks
+            for key, v in metrics.items():
+                share = pol_share if key == "loss/policy" else tok_share
+                sums[key] = sums.get(key, 0.0) + share * float(v)
+        grad_norm = self._clip_and_norm()
+        self.opt.step()
+        self.steps += 1
+        keys = sorted(sums) if self.rank == 0 else None
+        keys = self._broadcast(keys) if self.world_size > 1 else keys
+        vec = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
+        if self.world_size > 1:
+            dist.all_reduce(vec, group=self._ctrl)
+        out = {k: float(v) for k, v in zip(keys, vec.tolist())}
+        out["train/grad_norm"] = grad_norm
+        out["train/tokens"] = float(num_tokens)
+        return out
+
+    def _clip_and_norm(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The full HF-named state dict on CPU (rank 0; other ranks get {}), for Sampler.load_weights."""
+        return self._call("weights")
+
+    def _do_weights(self, _: Any = None) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return _detached(sd) if self.world_size == 1 else sd  # more ranks: already gathered copies
+
+    def state_dict(self) -> dict:
+        return self._call("state_dict")
+
+    def _do_state_dict(self, _: Any = None) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_sd, optim_sd = get_state_dict(self.model, self.opt, options=opts)
+        ref = None
+        if self.ref_model is not None:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+            ref = get_model_state_dict(self.ref_model, options=opts)
+        return _detached({"model": model_sd, "optim": optim_sd, "ref": ref, "steps": self.steps,
+                          "config": asdict(self.cfg)})
+
+    def load_state_dict(self, state: dict) -> None:
+        # the (large) state stays on rank 0 and is broadcast tensor by tensor by torch
+        self._pending_state = state
+        self._call("load_state_dict", None)
+
+    def _do_load_state_dict(self, _: Any = None) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_state_dict,
+        )
+
+        state = getattr(self, "_pending_state", None) if self.rank == 0 else None
+        self._pending_state = None
+        multi = self.world_size > 1
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=multi)
+        if self.rank == 0:
+            model_sd, optim_sd, ref = state["model"], state["optim"], state.get("ref")
+            has_ref = ref is not None
+        else:
+            model_sd, optim_sd, ref, has_ref = {}, {}, None, False
+        has_ref = self._broadcast(has_ref) if multi else has_ref
+        set_state_dict(self.model, self.opt, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
+        if has_ref and self.ref_model is not None:
+            set_model_state_dict(self.ref_model, ref if self.rank == 0 else {}, options=opts)
+        steps = self._broadcast(state["steps"] if self.rank == 0 else None) if multi else state["steps"]
+        self.steps = int(steps)
+
+    def save_pretrained(self, out_dir: str | os.PathLike) -> Path | None:
+        """An HF-format checkpoint (config, safetensors, tokenizer) loadable by vLLM and transformers."""
+        weights = self.weights()
+        if self.rank != 0:
+            return None
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+        from rtpo.llm.model import load_tokenizer
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        config = AutoConfig.from_pretrained(self.model_path, local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[self.cfg.param_dtype])
+        model.load_state_dict(weights, strict=False, assign=True)
+        model.tie_weights()
+        missing = [k for k, v in model.state_dict().items() if v.is_meta]
+        if missing:
+            raise RuntimeError(f"learner weights lack {missing[:3]}")
+        model.save_pretrained(str(out), safe_serialization=True)
+        try:
+            GenerationConfig.from_pretrained(self.model_path, local_files_only=True).save_pretrained(str(out))
+        except OSError:
+            pass  # a model folder without generation_config.json
+        load_tokenizer(self.model_path).save_pretrained(str(out))
+        return out
+
+    def close(self) -> None:
+        """Stop the worker ranks (rank 0) and join their processes."""
+        if self.rank == 0 and self.world_size > 1 and self._workers:
+            self._broadcast(("stop", None))
+            for p in self._workers:
+                p.join(timeout=60)
+            self._workers = []
+
+    # -- input checks ------------------------------------------------------------------------------
+    def _check(self, batch: TurnBatch) -> None:
+        for name, r in (("contexts", batch.contexts), ("tokens", batch.tokens)):
+            v = r.values
+            if v.size and (v.min() < 0 or v.max() >= self.vocab_size):
+                raise ValueError(f"TurnBatch.{name} holds token ids outside [0, {self.vocab_size})")
+        if np.any(batch.contexts.lengths == 0):
+            raise ValueError("TurnBatch.contexts rows must hold at least one token (the response is predicted from it)")
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world_size if self.rank == 0 else None  # type: ignore[assignment]
+        dist.gather_object(obj, out, dst=0, group=self._ctrl)
+        return out
+
+
+def _worker_main(rank: int, world_size: int, model_path: str, cfg: LearnerConfig, backend: str | None,
+                 addr: str, port: int, threads: int | None) -> None:
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
+    if threads:
+        torch.set_num_threads(threads)
+    learner = FSDPLearner(model_path, cfg, rank=rank, world_size=world_size, backend=backend)
+    try:
+        learner.serve()
+    finally:
+        dist.destroy_process_group()
+
+
+def launch_learner(model_path: str | os.PathLike, cfg: LearnerConfig = LearnerConfig(), world_size: int = 1,
+                   backend: str | None = None, threads_per_rank: int | None = None) -> FSDPLearner:
+    """Rank 0's learner in this (driver) process, with ranks 1..N−1 spawned as worker processes.
+
+    Call `close()` on the result to stop the workers.  threads_per_rank bounds torch's intra-op
+    threads in every rank (useful when N ranks share a few CPU cores).
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if threads_per_rank:
+        torch.set_num_threads(threads_per_rank)
+    if world_size == 1:
+        return FSDPLearner(model_path, cfg, rank=0, world_size=1, backend=backend)
+    import multiprocessing as mp
+
+    addr, port = "127.0.0.1", _free_port()
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(1, world_size):
+        p = ctx.Process(target=_worker_main, args=(rank, world_size, str(model_path), cfg, backend, addr, port,
+                                                   threads_per_rank), daemon=True)
+        p.start()
+        procs.append(p)
+    learner = FSDPLearner(model_path, cfg, rank=0, world_size=world_size, backend=backend)
+    learner._workers = procs
+    return learner
