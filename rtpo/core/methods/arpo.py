@@ -24,13 +24,13 @@ import numpy as np
 
 from rtpo.core import estimators
 from rtpo.core.methods.base import IterationState, RunContext, register_method
-from rtpo.core.methods.grpo import GRPO, TRAIN_CONTEXTS, FlatIteration, trajectory_path
+from rtpo.core.methods.grpo import GRPO, FlatIteration, FlatUpdateConfig, trajectory_path
 from rtpo.core.rollout import rollout
 from rtpo.core.types import Ragged
 
 
 @dataclass(frozen=True)
-class ARPOConfig:
+class ARPOConfig(FlatUpdateConfig):
     """M: rollout budget per query (16); N: initial rollouts (8); alpha, beta, tau: E.3's 0.5, 0.2, 0.5.
     stochastic: branch with probability P (public code) or iff P > tau (paper text).
     normalize: GRPO's normalised advantage.  Loss settings as GRPO's."""
@@ -42,21 +42,11 @@ class ARPOConfig:
     tau: float = 0.5
     stochastic: bool = True
     normalize: bool = True
-    epochs: int = 1
-    minibatch_size: int | None = None
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    kl_coef: float = 0.0
-    log_ratio_clip: float | None = 10.0
-    train_context: str = "auto"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 1 <= self.N <= self.M or self.M < 2:
             raise ValueError(f"ARPO needs 1 <= N <= M and M >= 2, got N={self.N} M={self.M}")
-        if self.epochs < 1:
-            raise ValueError("epochs must be >= 1")
-        if self.train_context not in TRAIN_CONTEXTS:
-            raise ValueError(f"train_context must be one of {TRAIN_CONTEXTS}, got {self.train_context!r}")
 
 
 def first_branch(p: np.ndarray, u: np.ndarray | None, tau: float) -> int:

@@ -14,8 +14,39 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rtpo.core.budget import Budget
+from rtpo.core.loss import Aggregation, LossConfig, RatioLevel
 from rtpo.core.protocols import Environment, Learner, Sampler
 from rtpo.core.registry import Registry
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """The PPO-update settings every method shares; a method's Config extends it.
+
+    epochs:         PPO epochs E per phase (Algorithm 1 step 2.4).
+    minibatch_size: sequences per optimiser step; None = the whole phase batch in one step.
+    clip_eps:       ε of Eq. 6; clip_eps_high: optional asymmetric upper clip.
+    kl_coef:        k3 KL penalty to the reference (initial) policy (E.3: 0.02); 0 = off.
+    log_ratio_clip: |log ρ| clamp before exp (E.3: 10).
+    """
+
+    epochs: int = 1
+    minibatch_size: int | None = None
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    log_ratio_clip: float | None = 10.0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError("epochs must be >= 1")
+        if self.minibatch_size is not None and self.minibatch_size < 1:
+            raise ValueError("minibatch_size must be >= 1")
+        self.loss_config()  # clip and ratio settings are checked where the loss defines them
+
+    def loss_config(self, ratio: RatioLevel = "token", aggregation: Aggregation = "seq-mean-token-mean") -> LossConfig:
+        return LossConfig(clip_eps=self.clip_eps, clip_eps_high=self.clip_eps_high, ratio=ratio,
+                          aggregation=aggregation, log_ratio_clip=self.log_ratio_clip, kl_coef=self.kl_coef)
 
 
 @dataclass

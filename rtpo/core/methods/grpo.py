@@ -19,7 +19,7 @@ import numpy as np
 
 from rtpo.core import estimators
 from rtpo.core.loss import Aggregation, LossConfig, RatioLevel
-from rtpo.core.methods.base import IterationState, Method, RunContext, register_method
+from rtpo.core.methods.base import IterationState, Method, RunContext, UpdateConfig, register_method
 from rtpo.core.rollout import rollout
 from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
 from rtpo.core.types import Ragged, Trajectory, TurnBatch, discounted_return
@@ -65,36 +65,39 @@ def flat_batch(paths: Sequence[Path], advantages: np.ndarray, train_context: str
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
+class FlatUpdateConfig(UpdateConfig):
+    """UpdateConfig plus the training context of the flat (whole-trajectory) methods.
+
+    train_context: "rollout" (the recorded c_k), "full_history" (the environment's full-history
+                   context; Eq. 2/10 mismatch under a truncating ψ) or "auto" (full history where the
+                   environment exposes it, else the rollout contexts).
+    """
+
+    train_context: str = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.train_context not in TRAIN_CONTEXTS:
+            raise ValueError(f"train_context must be one of {TRAIN_CONTEXTS}, got {self.train_context!r}")
+
+
+@dataclass(frozen=True)
+class GRPOConfig(FlatUpdateConfig):
     """GRPO's settings.
 
     G:              full trajectories per query (E.3: 16).
     normalize:      A = (R − μ)/(σ + 1e-6) (True) or R − μ (False, the form Eq. 1 writes, "Dr.GRPO").
-    epochs, minibatch_size, clip_eps, clip_eps_high, kl_coef, log_ratio_clip: as for RTPO.
-    train_context:  "rollout" (the recorded c_k), "full_history" (the environment's full-history
-                    context; Eq. 2/10 mismatch under a truncating ψ) or "auto" (full history where the
-                    environment exposes it, else the rollout contexts).
+    epochs, minibatch_size, clip_eps, clip_eps_high, kl_coef, log_ratio_clip, train_context:
+                    FlatUpdateConfig's.
     """
 
     G: int = 16
     normalize: bool = True
-    epochs: int = 1
-    minibatch_size: int | None = None
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    kl_coef: float = 0.0
-    log_ratio_clip: float | None = 10.0
-    train_context: str = "auto"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.G < 2:
             raise ValueError(f"G must be >= 2 for a group-relative advantage, got {self.G}")
-        if self.epochs < 1:
-            raise ValueError("epochs must be >= 1")
-        if self.minibatch_size is not None and self.minibatch_size < 1:
-            raise ValueError("minibatch_size must be >= 1")
-        if self.train_context not in TRAIN_CONTEXTS:
-            raise ValueError(f"train_context must be one of {TRAIN_CONTEXTS}, got {self.train_context!r}")
 
 
 @dataclass
@@ -121,8 +124,7 @@ class GRPO(Method):
 
     def loss(self) -> LossConfig:
         c = self.cfg
-        return LossConfig(clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high, ratio=self.ratio,
-                          aggregation=self.aggregation, log_ratio_clip=c.log_ratio_clip, kl_coef=c.kl_coef)
+        return c.loss_config(self.ratio, self.aggregation)
 
     def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
         ctx.sync()

@@ -14,55 +14,38 @@ import numpy as np
 
 from rtpo.core import estimators
 from rtpo.core.loss import LossConfig
-from rtpo.core.methods.base import IterationState, Method, RunContext, register_method
+from rtpo.core.methods.base import IterationState, Method, RunContext, UpdateConfig, register_method
 from rtpo.core.rollout import rollout
 from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
 from rtpo.core.types import ReverseTree
 
 
 @dataclass(frozen=True)
-class RTPOConfig:
-    """RTPO's settings (E.3 defaults where the paper gives them).
+class RTPOConfig(UpdateConfig):
+    """RTPO's settings (E.3 defaults where the paper gives them); the update settings are UpdateConfig's.
 
     G:                group size; each boundary gets G−1 on-policy siblings (G ≥ 2; G = 2 is degenerate).
     trunks_per_query: trunks sampled per query (E.3: 4 for math, 2 for search).
-    epochs:           PPO epochs E per phase.
-    minibatch_size:   sequences per optimiser step; None = the whole phase batch in one step.
-    clip_eps:         ε of Eq. 6.
-    clip_eps_high:    optional asymmetric upper clip.
     estimator:        registered advantage estimator applied to each sibling group.
-    kl_coef:          k3 KL penalty to the reference (initial) policy (E.3: 0.02); 0 = off.
-    log_ratio_clip:   |log ρ| clamp before exp (E.3: 10).
     drop_zero_groups: leave groups whose siblings all tie (every A = 0) out of the update.
     """
 
     G: int = 4
     trunks_per_query: int = 1
-    epochs: int = 1
-    minibatch_size: int | None = None
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
     estimator: str = "sibling_mean"
-    kl_coef: float = 0.0
-    log_ratio_clip: float | None = 10.0
     drop_zero_groups: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.G < 2:
             raise ValueError(f"G must be >= 2 (G-1 >= 1 siblings), got {self.G}")
         if self.trunks_per_query < 1:
             raise ValueError("trunks_per_query must be >= 1")
-        if self.epochs < 1:
-            raise ValueError("epochs must be >= 1")
-        if self.minibatch_size is not None and self.minibatch_size < 1:
-            raise ValueError("minibatch_size must be >= 1")
         estimators.get(self.estimator)  # unknown names fail here, listing the valid ones
 
     def loss(self) -> LossConfig:
-        return LossConfig(
-            clip_eps=self.clip_eps, clip_eps_high=self.clip_eps_high, ratio="token",
-            aggregation="seq-mean-token-mean", log_ratio_clip=self.log_ratio_clip, kl_coef=self.kl_coef,
-        )
+        """Eq. 6: token ratio, mean over siblings of each sibling's token mean."""
+        return self.loss_config("token", "seq-mean-token-mean")
 
 
 @dataclass

@@ -20,14 +20,14 @@ import numpy as np
 from rtpo.core import estimators
 from rtpo.core.loss import LossConfig
 from rtpo.core.methods.base import IterationState, Method, RunContext, register_method
-from rtpo.core.methods.grpo import TRAIN_CONTEXTS, training_contexts
+from rtpo.core.methods.grpo import FlatUpdateConfig, training_contexts
 from rtpo.core.rollout import rollout
 from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
 from rtpo.core.types import Ragged, TurnBatch
 
 
 @dataclass(frozen=True)
-class SeeUPOConfig:
+class SeeUPOConfig(FlatUpdateConfig):
     """G: trajectories per query (E.3: 16).  adv_clip: the ±3 clip of the normalised advantage.
     m_eps: the 1 ± ε clip of the reweighting factor M.  clip_eps: GSPO's sequence-ratio clip.
     train_context: as GRPO's ("auto" = full history where the environment exposes it)."""
@@ -35,25 +35,15 @@ class SeeUPOConfig:
     G: int = 16
     adv_clip: float = 3.0
     m_eps: float = 0.2
-    epochs: int = 1
-    minibatch_size: int | None = None
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    kl_coef: float = 0.0
-    log_ratio_clip: float | None = 10.0
-    train_context: str = "auto"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.G < 2:
             raise ValueError(f"G must be >= 2, got {self.G}")
-        if self.epochs < 1:
-            raise ValueError("epochs must be >= 1")
         if not 0.0 < self.m_eps < 1.0:
             raise ValueError("m_eps must be in (0, 1)")
         if self.adv_clip <= 0:
             raise ValueError("adv_clip must be positive")
-        if self.train_context not in TRAIN_CONTEXTS:
-            raise ValueError(f"train_context must be one of {TRAIN_CONTEXTS}, got {self.train_context!r}")
 
 
 @dataclass
@@ -72,8 +62,7 @@ class SeeUPO(Method):
 
     def loss(self) -> LossConfig:
         c = self.cfg
-        return LossConfig(clip_eps=c.clip_eps, clip_eps_high=c.clip_eps_high, ratio="sequence",
-                          aggregation="seq-mean-token-mean", log_ratio_clip=c.log_ratio_clip, kl_coef=c.kl_coef)
+        return c.loss_config("sequence", "seq-mean-token-mean")
 
     def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
         ctx.sync()  # the only sync of the iteration

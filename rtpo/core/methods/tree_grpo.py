@@ -17,36 +17,26 @@ import numpy as np
 
 from rtpo.core import estimators
 from rtpo.core.methods.base import IterationState, RunContext, register_method
-from rtpo.core.methods.grpo import GRPO, TRAIN_CONTEXTS, FlatIteration, flat_batch, path_return
+from rtpo.core.methods.grpo import GRPO, FlatIteration, FlatUpdateConfig, flat_batch, path_return
 from rtpo.core.rollout import rollout
 from rtpo.core.train import ppo_update, rollout_train_ratio
 
 
 @dataclass(frozen=True)
-class TreeGRPOConfig:
+class TreeGRPOConfig(FlatUpdateConfig):
     """M trees per query, N expanded nodes per tree and round, L rounds (E.3: 4, 3, 1 -> 16 rollouts).
     Loss settings as GRPO's (token ratio, token-mean)."""
 
     M: int = 4
     N: int = 3
     L: int = 1
-    epochs: int = 1
-    minibatch_size: int | None = None
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    kl_coef: float = 0.0
-    log_ratio_clip: float | None = 10.0
-    train_context: str = "auto"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.M < 1 or self.N < 0 or self.L < 0:
             raise ValueError(f"Tree-GRPO needs M >= 1, N >= 0, L >= 0, got M={self.M} N={self.N} L={self.L}")
         if self.M * (self.L * self.N + 1) < 2:
             raise ValueError(f"M×(L×N+1) leaves per prompt must be >= 2, got M={self.M} N={self.N} L={self.L}")
-        if self.epochs < 1:
-            raise ValueError("epochs must be >= 1")
-        if self.train_context not in TRAIN_CONTEXTS:
-            raise ValueError(f"train_context must be one of {TRAIN_CONTEXTS}, got {self.train_context!r}")
 
 
 @dataclass
