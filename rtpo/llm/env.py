@@ -27,7 +27,7 @@ import numpy as np
 from rtpo.core.types import Generation, Ragged, StepOutcome
 from rtpo.llm.chat import PYTHON_TOOL, ParsedResponse, Qwen3Chat, ToolCall, parse_response
 from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
-from rtpo.llm.rewards import MathVerifier, default_verifier
+from rtpo.llm.rewards import ANSWER_PARSES, LENIENT_PARSERS, MathVerifier, default_verifier
 from rtpo.llm.sandbox import SandboxLimits, SandboxResult, run_python
 from rtpo.llm.tasks.math import MathItem, MathTask
 
@@ -69,6 +69,9 @@ class LLMEnv:
     verifier:      math answer checker (default: the process-wide one).
     tool_threads:  tool calls of a batch run in parallel on this many threads.
     run_tool:      the code runner (default: the sandbox); injectable for tests of the env's own logic.
+    answer_parse:  "boxed" (default): the answer is the last \\boxed{}; "last_integer": lenient, for tiny
+                   random models only: without a \\boxed{}, the last integer of the content is the answer
+                   (rtpo.llm.rewards.last_integer); "last_digit": likewise the last digit character.
     """
 
     def __init__(
@@ -86,9 +89,13 @@ class LLMEnv:
         verifier: MathVerifier | None = None,
         tool_threads: int = 4,
         run_tool: Callable[[str, SandboxLimits], SandboxResult] | None = None,
+        answer_parse: str = "boxed",
     ) -> None:
         if num_turns < 1:
             raise ValueError(f"LLMEnv: num_turns must be >= 1, got {num_turns}")
+        if answer_parse not in ANSWER_PARSES:
+            raise ValueError(f"LLMEnv: answer_parse must be one of {', '.join(ANSWER_PARSES)}, got {answer_parse!r}")
+        self.answer_parse = answer_parse
         self.task = task
         self.chat = Qwen3Chat(tokenizer, tools=(PYTHON_TOOL,), system=system, enable_thinking=enable_thinking)
         self.psi: ContextMap = make_context_map(context_map) if isinstance(context_map, str) else context_map
@@ -172,12 +179,15 @@ class LLMEnv:
         for i, (e, p) in enumerate(zip(episodes, parsed)):
             last = e.k >= self.num_turns - 1
             wants_tools = bool(p.tool_calls or p.errors)
-            if last or (p.answer is not None and not wants_tools):
+            answer = p.answer
+            if answer is None and self.answer_parse != "boxed":
+                answer = LENIENT_PARSERS[self.answer_parse](p.content)
+            if last or (answer is not None and not wants_tools):
                 done[i] = True
-                r = self._verifier_or_default().score(p.answer, e.item.answer)
+                r = self._verifier_or_default().score(answer, e.item.answer)
                 reward[i] = r.reward
                 m[f"answer/{r.status}"] += 1
-                if last and p.answer is None and wants_tools:
+                if last and answer is None and wants_tools:
                     m["tool/cut_by_horizon"] += 1
                 continue
             if not wants_tools:
