@@ -74,6 +74,9 @@ class LLMTaskConfig(BaseModel):
     system: str | None = Field(None, description="optional system prompt")
     max_calls_per_turn: int = Field(2, ge=1, description="tool calls run per turn")
     eval_queries: int = Field(16, ge=1, description="problems per evaluation")
+    full_context_map: str | None = Field(
+        None, description="also record each turn's context under this map (e.g. identity = full history, "
+                          "thinking included) for flat baselines that train on it (grpo train_context)")
     ops: list[Literal["+", "-", "*"]] = Field(["+", "-", "*"], min_length=1,
                                                 description="arithmetic: operators drawn from")
     answer_parse: Literal["boxed", "last_integer", "last_digit"] = Field(
@@ -193,7 +196,8 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         try:
             return LLMEnv(t, tokenizer, context_map=task.context_map, num_turns=task.num_turns,
                           enable_thinking=task.enable_thinking, system=task.system,
-                          max_calls_per_turn=task.max_calls_per_turn, answer_parse=task.answer_parse)
+                          max_calls_per_turn=task.max_calls_per_turn, answer_parse=task.answer_parse,
+                          full_context_map=task.full_context_map)
         except (KeyError, ValueError) as e:
             raise ConfigError(f"task: {' '.join(str(e).split())}") from None
 

@@ -87,3 +87,24 @@ def test_rtpo_ratio_is_one_and_flat_history_is_not(tiny_model_dir, hf_reference)
         assert abs(t["rtpo"]["mean_log_ratio"]) < 1e-4 and t["rtpo"]["max_abs_log_ratio"] < 1e-3
     assert t0["flat"]["max_abs_log_ratio"] < 1e-3  # same context at turn 0: the control
     assert t1["flat"]["abs_log_ratio"] > 1e-2  # different context, different distribution
+
+
+def test_full_contexts_only_when_configured(tiny_model_dir):
+    """The rollout driver records Trajectory.full_contexts iff the env has `full_contexts`: opt-in."""
+    from rtpo.llm.chat import load_qwen3_tokenizer
+
+    tok = load_qwen3_tokenizer(str(tiny_model_dir))
+    task = arithmetic_task(2, 0, max_operand=9, num_operands=2)
+    assert not hasattr(LLMEnv(task, tok, "think_strip", run_tool=_no_tool), "full_contexts")
+    env = LLMEnv(task, tok, "think_strip", num_turns=3, run_tool=_no_tool, full_context_map="identity")
+    rng = np.random.default_rng(0)
+    eps = env.reset(np.arange(2), rng)
+    rows = [np.concatenate([env.chat.ids("<think>\nplan\n</think>\n\nno idea"), [env.chat.im_end_id]])] * 2
+    gen = Generation(Ragged.from_rows(rows, dtype=np.int64),
+                     Ragged.from_rows([np.zeros(r.size) for r in rows], dtype=np.float64))
+    eps, _ = env.step(eps, gen, rng)
+    full, ck = env.full_contexts(eps), env.contexts(eps)
+    ident = env.contexts_with(eps, "identity")
+    for i in range(2):
+        assert np.array_equal(full[i], ident[i]) and full[i].size > ck[i].size
+        assert "plan" in env.chat.decode(full[i]) and "plan" not in env.chat.decode(ck[i])
