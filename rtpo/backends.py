@@ -60,7 +60,11 @@ class BackendSpec:
 BACKENDS: Registry[BackendSpec] = Registry("backend")
 
 # kind -> module whose import registers it (kept lazy: an LLM backend pulls in heavy packages)
-_PROVIDERS: dict[str, str] = {"tabular": "rtpo.tabular.build", "llm": "rtpo.llm.build"}
+_PROVIDERS: dict[str, str] = {
+    "tabular": "rtpo.tabular.build",
+    "tabular_history": "rtpo.tabular.history_build",
+    "llm": "rtpo.llm.build",
+}
 
 
 def register_backend(name: str, spec: BackendSpec) -> BackendSpec:

@@ -6,7 +6,7 @@ trajectories of a query); the result has the same shape.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -88,3 +88,59 @@ def clamped_trajectory_weight(
 
 def get(name: str) -> Estimator:
     return ESTIMATORS.get(name)
+
+
+# -- estimators of the baselines (SPEC §3 "Baseline details") and of the off-policy variant ----------
+
+
+@ESTIMATORS.register("tree")
+def tree_advantage(returns: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Tree-GRPO's advantage (SPEC §3): A = norm over the leaves of the prompt + norm over the leaves of
+    the tree, each norm being group_advantage(·, normalize=True).
+
+    returns: (..., M, n) leaf returns of M trees with n leaves each (one prompt per leading index).
+    """
+    r = _check_group(returns, 1)
+    if r.ndim < 2:
+        raise ValueError(f"tree_advantage needs (..., M trees, n leaves), got shape {r.shape}")
+    flat = r.reshape(r.shape[:-2] + (-1,))
+    inter = group_advantage(flat, normalize=True, eps=eps).reshape(r.shape)
+    intra = group_advantage(r, normalize=True, eps=eps)
+    return inter + intra
+
+
+def seeupo_advantage(returns: np.ndarray, task_mean: np.ndarray, clip: float = 3.0, eps: float = 1e-6) -> np.ndarray:
+    """SeeUPO's turn-k advantage before the M reweighting (SPEC §3): A⁰ = R − μ_task, then
+    A = clip((A⁰ − mean A⁰) / (std A⁰ + eps), −clip, clip) with mean/std over the whole turn batch.
+
+    returns, task_mean: (B,) the rows' returns and the mean return of each row's query group.
+    """
+    a0 = np.asarray(returns, np.float64) - np.asarray(task_mean, np.float64)
+    if a0.ndim != 1 or a0.size == 0:
+        raise ValueError(f"seeupo_advantage needs a non-empty 1-D batch, got shape {a0.shape}")
+    return np.clip((a0 - a0.mean()) / (a0.std() + eps), -clip, clip)
+
+
+def seeupo_reweight(m: np.ndarray, mean_log_ratio: np.ndarray, eps: float = 0.2) -> np.ndarray:
+    """SeeUPO's downstream weight after the turn-k update (SPEC §3):
+    M ← clip(M · clip(exp(mean_t Δlog π_k), 1−ε, 1+ε), 1−ε, 1+ε)."""
+    step = np.clip(np.exp(np.asarray(mean_log_ratio, np.float64)), 1.0 - eps, 1.0 + eps)
+    return np.clip(np.asarray(m, np.float64) * step, 1.0 - eps, 1.0 + eps)
+
+
+def off_policy_turn_value(r_k: np.ndarray, discount_k: np.ndarray, f_kp1: np.ndarray, omega: np.ndarray) -> np.ndarray:
+    """Implements Eq. 109 (G.6) / Eq. 105: Q̂^off_{j,k} = r_{j,k} + γ^{τ_{j,k}} · ω̄_{j,k} · F̂_{j,k}^{π_θ0}.
+
+    r_k: turn-k rewards; discount_k: γ^{τ_k}; f_kp1: the reused θ0 continuation's return from turn k+1
+    (0 where the episode ended at turn k); omega: the clamped trajectory weight ω̄ (1 = on-policy).
+    """
+    return np.asarray(r_k, np.float64) + np.asarray(discount_k, np.float64) * np.asarray(omega, np.float64) * np.asarray(
+        f_kp1, np.float64
+    )
+
+
+def arpo_branch_probability(h_now: np.ndarray, h_init: np.ndarray, alpha: float = 0.5, beta: float = 0.2) -> np.ndarray:
+    """ARPO's branching probability after a tool call (SPEC §3): P = clip(α + β·(H_now − H_initial), 0, 1),
+    with H the entropy normalised to [0, 1]."""
+    dh = np.asarray(h_now, np.float64) - np.asarray(h_init, np.float64)
+    return np.clip(alpha + beta * dh, 0.0, 1.0)

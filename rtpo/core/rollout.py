@@ -60,8 +60,11 @@ def rollout(
         start_turn = np.repeat(start_turn, n)
     steps: list[dict[str, Any]] = []
     first = True
+    # optional: environments that can also show the full-history context (flat baselines train on it)
+    full_fn = getattr(env, "full_contexts", None)
     while live.size:
         contexts = env.contexts(episodes)
+        full = full_fn(episodes) if full_fn is not None else None
         turn = np.asarray(env.turn_index(episodes), dtype=np.int64)
         snaps = env.snapshot(episodes) if record_boundaries else None
         if first and n > 1:
@@ -72,6 +75,8 @@ def rollout(
             turn = turn[rep]
             if snaps is not None:
                 snaps = [snaps[i] for i in rep]
+            if full is not None:
+                full = full.take(rep)
         else:
             gen = sampler.generate(contexts, turn, 1, rng)
         first = False
@@ -79,7 +84,7 @@ def rollout(
         steps.append(
             dict(ids=live, turn=turn, contexts=contexts, tokens=gen.tokens, logp=gen.logp,
                  reward=np.asarray(out.reward, np.float64), duration=np.asarray(out.duration, np.float64),
-                 malformed=np.asarray(out.malformed, bool), snaps=snaps)
+                 malformed=np.asarray(out.malformed, bool), snaps=snaps, full=full)
         )
         keep = np.flatnonzero(~np.asarray(out.done, bool))
         if keep.size < live.size:
@@ -96,6 +101,7 @@ def _assemble(steps, num, query_ids, start_turn, gamma, record_boundaries) -> Ro
     bounds = np.zeros(num + 1, dtype=np.int64)
     np.cumsum(counts, out=bounds[1:])
     contexts = Ragged.concat([s["contexts"] for s in steps]).take(order)
+    full = Ragged.concat([s["full"] for s in steps]).take(order) if steps[0]["full"] is not None else None
     tokens = Ragged.concat([s["tokens"] for s in steps]).take(order)
     logp = Ragged.concat([s["logp"] for s in steps]).take(order)
     turn = np.concatenate([s["turn"] for s in steps])[order]
@@ -120,6 +126,7 @@ def _assemble(steps, num, query_ids, start_turn, gamma, record_boundaries) -> Ro
                 contexts=_rows(contexts, lo, hi), tokens=_rows(tokens, lo, hi), logp=_rows(logp, lo, hi),
                 rewards=reward[lo:hi], durations=duration[lo:hi], malformed=malformed[lo:hi],
                 query_id=int(query_ids[e]), start_turn=int(start_turn[e]), gamma=gamma,
+                full_contexts=_rows(full, lo, hi) if full is not None else None,
             )
         )
         if boundaries is not None:

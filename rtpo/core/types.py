@@ -190,6 +190,9 @@ class Trajectory:
     query_id:  the query (prompt) index.
     start_turn: k0; 0 for a trunk, k for a sibling forked at boundary k.
     gamma:     per-token-step discount.
+    full_contexts: optional Ragged, row j is the full-history context of turn k0+j (recorded only when
+               the environment exposes `full_contexts`; flat baselines train on it to reproduce the
+               rollout/training context mismatch of Eq. 2/10).  None otherwise.
     """
 
     contexts: Ragged
@@ -201,11 +204,14 @@ class Trajectory:
     query_id: int
     start_turn: int
     gamma: float = 1.0
+    full_contexts: Ragged | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
         if len(self.contexts) != n or len(self.logp) != n:
             raise ValueError("Trajectory contexts/tokens/logp must have one row per turn")
+        if self.full_contexts is not None and len(self.full_contexts) != n:
+            raise ValueError("Trajectory.full_contexts must have one row per turn")
         for name in ("rewards", "durations", "malformed"):
             arr = _frozen(np.asarray(getattr(self, name)))
             if arr.shape != (n,):

@@ -127,6 +127,11 @@ class TabularSampler:
         with torch.no_grad():
             return self.policy.log_probs(self._params, turn, ctx).numpy()
 
+    def normalized_entropy(self, contexts: Ragged, turn: np.ndarray) -> np.ndarray:
+        """(B,) H(π(·|c)) / log A: the entropy ARPO's branching rule reads after a tool call."""
+        lp = self.action_log_probs(contexts)
+        return -(np.exp(lp) * lp).sum(axis=1) / np.log(lp.shape[1])
+
     def generate(self, contexts: Ragged, turn: np.ndarray, n: int, rng: np.random.Generator) -> Generation:
         lp = self.action_log_probs(contexts)  # (B, A)
         cum = np.cumsum(np.exp(lp), axis=1)

@@ -15,12 +15,10 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 transformers_missing = importlib.util.find_spec("transformers") is None
-vllm_missing = importlib.util.find_spec("vllm") is None
+from llm_test_constants import TEMPERATURE, vllm_missing  # noqa: E402
 if transformers_missing:
     collect_ignore_glob = ["test_engines*.py", "test_learner*.py"]
 
-# A training-style temperature: the recorded log-probs must follow it (processed, not raw).
-TEMPERATURE = 0.9
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TEMPERATURE
+from llm_test_constants import TEMPERATURE
 from rtpo.core.types import Ragged
 from rtpo.llm.engines import SamplingConfig
 from rtpo.llm.engines.hf import processed_logprobs

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TEMPERATURE
+from llm_test_constants import TEMPERATURE
 from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
 from rtpo.core.train import rollout_train_ratio
 from rtpo.core.types import Ragged, TurnBatch
@@ -181,7 +181,7 @@ def test_save_pretrained_loads_in_transformers_and_vllm(tiny_model_dir, tmp_path
     from rtpo.llm.model import load_tokenizer
 
     assert len(load_tokenizer(out)) == len(load_tokenizer(tiny_model_dir))
-    from conftest import vllm_missing
+    from llm_test_constants import vllm_missing
 
     if vllm_missing:
         pytest.skip("vllm is not installed: checked the transformers side only")

@@ -80,6 +80,11 @@ class RTPO(Method):
         """On-policy RTPO pushes θ_{>k} to the sampler before every phase (Algorithm 1 step 2.1)."""
         return True
 
+    def sibling_returns(self, ctx: RunContext, state: IterationState, k: int, siblings: list) -> np.ndarray:
+        """R_j of each sibling; on-policy the plain return (Eq. 108, ω ≡ 1).  Variants whose sampler is
+        stale (sync schedules, G.6) reweight the continuation here (Eq. 109)."""
+        return np.array([s.ret for s in siblings])
+
     def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
         ctx.sync()  # trunks are sampled under the current θ (θ_0 of this iteration)
         q = np.repeat(np.asarray(query_ids, dtype=np.int64), self.cfg.trunks_per_query)
@@ -123,7 +128,7 @@ class RTPO(Method):
         for i, s in enumerate(sibs):  # the sibling must see exactly the trunk's recorded c_k
             if not np.array_equal(s.contexts[0], bounds[i // n].context):
                 raise RuntimeError(f"sibling context differs from the recorded c_{k}: snapshot/restore is not exact")
-        returns = np.array([s.ret for s in sibs]).reshape(len(bounds), n)
+        returns = np.asarray(self.sibling_returns(ctx, state, k, sibs), np.float64).reshape(len(bounds), n)
         adv = estimators.get(self.cfg.estimator)(returns)
         zero = estimators.zero_advantage_mask(returns)
         metrics.update(self.advantage_metrics(returns, adv, zero))

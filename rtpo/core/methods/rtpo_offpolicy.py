@@ -1,0 +1,123 @@
+"""Off-policy RTPO (F.3, E.2; Eq. 105, 109–110): the reverse phases reuse θ0 continuations.
+
+At the start of the iteration every trunk boundary at every turn gets its G−1 siblings under π_θ0 (one
+batched rollout, no sync afterwards).  Phase k then trains turn k on those siblings with
+    Q̂^off_{j,k} = r_{j,k} + γ^{τ_{j,k}} · ω̄_{j,k} · F̂^{π_θ0}_{j,k},
+    ω̄_{j,k} = clamp(Π_{h>k} Π_t π_{θ>k}(a_{j,h,t}|·) / π_θ0(a_{j,h,t}|·), ρ_min, ρ_max),
+the continuation's trajectory IS weight under the current learner, clamped (Eq. 105).  The advantage is
+the configured sibling estimator applied to Q̂^off, and π_old of the turn-k update is π_θ0.  The budget
+is the same as on-policy RTPO's; only the policy the continuations come from differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rtpo.core import estimators
+from rtpo.core.methods.base import IterationState, RunContext, register_method
+from rtpo.core.methods.rtpo import RTPO, RTPOConfig, RTPOIteration
+from rtpo.core.protocols import Learner
+from rtpo.core.rollout import rollout
+from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
+from rtpo.core.types import Ragged, Trajectory, discounted_return
+
+
+def continuation_weight(learner: Learner, siblings: list[Trajectory], rho_min: float, rho_max: float) -> np.ndarray:
+    """ω̄_j of Eq. 105 for each sibling: the product over its continuation turns (after its first turn)
+    of π_learner / π_rollout, clamped.  (n,) ones where a sibling has no continuation."""
+    rows = [(s, j) for s in siblings for j in range(1, s.num_turns)]
+    if not rows:
+        return np.ones(len(siblings))
+    batch = turn_rows([s for s, _ in rows], [j for _, j in rows], np.zeros(len(rows)))
+    new = learner.logprobs(batch).values
+    per_sib = np.array([sum(s.tokens.lengths[1:]) for s in siblings], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(per_sib)])
+    new_d, _ = Ragged(new, offsets).to_dense(0.0)
+    old_d, _ = Ragged(batch.old_logp.values, offsets).to_dense(0.0)
+    if new_d.shape[1] == 0:
+        return np.ones(len(siblings))
+    return estimators.clamped_trajectory_weight(new_d, old_d, rho_min, rho_max)
+
+
+def reweighted_returns(learner: Learner, siblings: list[Trajectory], rho_min: float, rho_max: float
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(Q̂^off of Eq. 109 for each sibling, its ω̄).  With a sampler synced to the learner ω̄ ≡ 1 and
+    Q̂^off is the plain return (Eq. 108)."""
+    omega = continuation_weight(learner, siblings, rho_min, rho_max)
+    r_k = np.array([s.rewards[0] for s in siblings])
+    disc = np.array([s.gamma ** s.durations[0] if s.gamma != 1.0 else 1.0 for s in siblings])
+    f = np.array([discounted_return(s.rewards[1:], s.durations[1:], s.gamma) if s.num_turns > 1 else 0.0
+                  for s in siblings])
+    return estimators.off_policy_turn_value(r_k, disc, f, omega), omega
+
+
+@dataclass(frozen=True)
+class RTPOOffPolicyConfig(RTPOConfig):
+    """RTPO's settings plus the clamp [rho_min, rho_max] of ω̄ (the paper gives no values; ours)."""
+
+    rho_min: float = 0.5
+    rho_max: float = 2.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.rho_min <= self.rho_max:
+            raise ValueError(f"need 0 <= rho_min <= rho_max, got {self.rho_min}, {self.rho_max}")
+
+
+@dataclass
+class OffPolicyIteration(RTPOIteration):
+    siblings: list  # siblings[k]: the θ0 siblings of every turn-k boundary, G−1 per boundary, in order
+
+
+@register_method("rtpo_offpolicy")
+class RTPOOffPolicy(RTPO):
+    Config = RTPOOffPolicyConfig
+
+    def should_sync(self, k: int, state: IterationState) -> bool:
+        return False  # the off-policy endpoint of G.6: never
+
+    def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
+        state = super().begin(ctx, query_ids)
+        tree = state.data.tree
+        bounds = [b for row in tree.boundaries for b in row]
+        n = self.cfg.G - 1
+        sibs: list[list] = [[] for _ in range(tree.num_turns)]
+        if bounds:
+            q = np.array([tree.trunks[b.trunk].query_id for b in bounds], np.int64)
+            res = rollout(ctx.env, ctx.sampler, ctx.env.restore([b.snapshot for b in bounds]), q, ctx.rng, n=n)
+            ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+            for i, s in enumerate(res.trajectories):
+                sibs[bounds[i // n].k].append(s)
+        state.data = OffPolicyIteration(tree, state.data.trunk_metrics, sibs)
+        return state
+
+    def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
+        k = state.pending.pop(0)
+        data: OffPolicyIteration = state.data
+        metrics: dict[str, float] = {"phase/turn": float(k), "phase/synced": 0.0}
+        if state.done_phases == 0:
+            metrics.update(data.trunk_metrics)
+        state.done_phases += 1
+        sibs = data.siblings[k]
+        metrics["phase/boundaries"] = float(len(data.tree.boundaries[k]))
+        if not sibs:
+            return metrics
+        n = self.cfg.G - 1
+        q_off, omega = reweighted_returns(ctx.learner, sibs, self.cfg.rho_min, self.cfg.rho_max)
+        returns = q_off.reshape(-1, n)
+        adv = estimators.get(self.cfg.estimator)(returns)
+        zero = estimators.zero_advantage_mask(returns)
+        metrics.update(self.advantage_metrics(returns, adv, zero))
+        metrics["offpolicy/omega_mean"] = float(omega.mean())
+        metrics["offpolicy/omega_clamped_rate"] = float(np.mean((omega <= self.cfg.rho_min) | (omega >= self.cfg.rho_max)))
+        rows = np.arange(len(sibs))
+        if self.cfg.drop_zero_groups:
+            rows = rows[~np.repeat(zero, n)]
+        if rows.size == 0:
+            return metrics
+        batch = turn_rows([sibs[i] for i in rows], np.zeros(rows.size, np.int64), adv.reshape(-1)[rows])
+        metrics.update(rollout_train_ratio(ctx.learner, batch))
+        metrics.update(ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng))
+        return metrics

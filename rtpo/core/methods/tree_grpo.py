@@ -1,0 +1,125 @@
+"""Tree-GRPO (SPEC §3, A, E.3): M trees per query, L expansion rounds of N nodes each, M×(L×N+1) rollouts.
+
+A node is one full turn (response + feedback).  Each tree starts as one full rollout.  In each round,
+for every tree, N nodes are drawn uniformly among the root and the non-leaf turn nodes (without
+replacement when there are enough), and one continuation is rolled out from each: from the root that is
+a fresh answer to the prompt (boundary 0); from turn node t it is a new turn t+1 onward (boundary t+1).
+Every rollout ends in one leaf, and every leaf's root-to-leaf path is a training sequence with
+    A_leaf = norm over the leaves of the prompt + norm over the leaves of the tree   (estimators.tree_advantage)
+so a shared prefix, present in each of its descendants' sequences, receives the sum over them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rtpo.core import estimators
+from rtpo.core.methods.base import IterationState, RunContext, register_method
+from rtpo.core.methods.grpo import GRPO, TRAIN_CONTEXTS, FlatIteration, flat_batch, path_return
+from rtpo.core.rollout import rollout
+from rtpo.core.train import ppo_update, rollout_train_ratio
+
+
+@dataclass(frozen=True)
+class TreeGRPOConfig:
+    """M trees per query, N expanded nodes per tree and round, L rounds (E.3: 4, 3, 1 -> 16 rollouts).
+    Loss settings as GRPO's (token ratio, token-mean)."""
+
+    M: int = 4
+    N: int = 3
+    L: int = 1
+    epochs: int = 1
+    minibatch_size: int | None = None
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    log_ratio_clip: float | None = 10.0
+    train_context: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.M < 1 or self.N < 0 or self.L < 0:
+            raise ValueError(f"Tree-GRPO needs M >= 1, N >= 0, L >= 0, got M={self.M} N={self.N} L={self.L}")
+        if self.M * (self.L * self.N + 1) < 2:
+            raise ValueError(f"M×(L×N+1) leaves per prompt must be >= 2, got M={self.M} N={self.N} L={self.L}")
+        if self.epochs < 1:
+            raise ValueError("epochs must be >= 1")
+        if self.train_context not in TRAIN_CONTEXTS:
+            raise ValueError(f"train_context must be one of {TRAIN_CONTEXTS}, got {self.train_context!r}")
+
+
+@dataclass
+class _Node:
+    """One rollout of a tree: its own trajectory, the full root-to-leaf path, and its boundaries."""
+
+    path: list
+    boundaries: list  # Boundary before each of its own turns (boundaries[j] is before turn start+j)
+    traj: object
+
+
+def expansion_candidates(nodes: list[_Node]) -> list[tuple[int, int]]:
+    """(node index, fork turn b) for the root (node 0, b = 0) and every non-leaf turn node (turn t of a
+    node, t before its last turn -> b = t + 1); each tree node appears exactly once."""
+    cands = [(0, 0)]
+    for i, nd in enumerate(nodes):
+        t0 = nd.traj.start_turn
+        cands += [(i, t + 1) for t in range(t0, nd.traj.end_turn)]
+    return cands
+
+
+@register_method("tree_grpo")
+class TreeGRPO(GRPO):
+    Config = TreeGRPOConfig
+
+    def leaves_per_tree(self) -> int:
+        return self.cfg.L * self.cfg.N + 1
+
+    def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
+        ctx.sync()
+        cfg = self.cfg
+        q = np.repeat(np.asarray(query_ids, dtype=np.int64), cfg.M)
+        res = rollout(ctx.env, ctx.sampler, ctx.env.reset(q, ctx.rng), q, ctx.rng, record_boundaries=True)
+        ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+        trees = [[_Node([(t, j) for j in range(t.num_turns)], b, t)] for t, b in zip(res.trajectories, res.boundaries)]
+        for _ in range(cfg.L):
+            forks = []  # (tree, node, fork turn)
+            for ti, nodes in enumerate(trees):
+                cands = expansion_candidates(nodes)
+                pick = ctx.rng.choice(len(cands), size=cfg.N, replace=len(cands) < cfg.N)
+                forks += [(ti, *cands[c]) for c in pick]
+            if not forks:
+                continue
+            snaps = [trees[ti][ni].boundaries[b - trees[ti][ni].traj.start_turn].snapshot for ti, ni, b in forks]
+            fq = np.array([trees[ti][0].traj.query_id for ti, _, _ in forks], np.int64)
+            new = rollout(ctx.env, ctx.sampler, ctx.env.restore(snaps), fq, ctx.rng, record_boundaries=True)
+            ctx.budget.charge(len(new.trajectories), new.turns, new.tokens)
+            for (ti, ni, b), t, bs in zip(forks, new.trajectories, new.boundaries):
+                prefix = [(pt, j) for pt, j in trees[ti][ni].path if pt.start_turn + j < b]
+                trees[ti].append(_Node(prefix + [(t, j) for j in range(t.num_turns)], bs, t))
+        paths = [nd.path for nodes in trees for nd in nodes]
+        qs = np.repeat(q, self.leaves_per_tree())
+        metrics = {"tree/prefix_rows_mean": float(np.mean([len(p) for p in paths]))}
+        return IterationState(pending=["update"], data=FlatIteration(paths, qs, metrics))
+
+    def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
+        state.pending.pop(0)
+        state.done_phases += 1
+        data: FlatIteration = state.data
+        cfg = self.cfg
+        returns = np.array([path_return(p) for p in data.paths]).reshape(-1, cfg.M, self.leaves_per_tree())
+        adv = estimators.tree_advantage(returns)
+        flat_r = returns.reshape(returns.shape[0], -1)
+        metrics = {
+            "phase/turn": -1.0, **data.metrics,
+            "return/mean": float(returns.mean()),
+            "adv/zero_rate": float(estimators.zero_advantage_mask(flat_r).mean()),
+            "adv/abs_mean": float(np.abs(adv).mean()),
+        }
+        batch = flat_batch(data.paths, adv.reshape(-1), cfg.train_context)
+        metrics.update(rollout_train_ratio(ctx.learner, batch))
+        metrics.update(ppo_update(ctx.learner, batch, self.loss(), cfg.epochs, cfg.minibatch_size, ctx.rng))
+        return metrics
+
+    def rollouts_per_query(self, num_turns: int) -> float:
+        return float(self.cfg.M * self.leaves_per_tree())

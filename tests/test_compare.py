@@ -1,0 +1,116 @@
+"""`rtpo compare`: equal budgets, the table with intervals, plots, and one-line errors."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rtpo.run", reason="needs the scenario runner (rtpo.run)")
+
+from rtpo import compare  # noqa: E402
+
+SCENARIO = """
+name: tiny
+seed: 0
+backend: {kind: tabular}
+task: {kind: tool_chain, num_turns: 3, num_actions: 3, seed: 1, psi: identity, policy: softmax}
+method: {name: rtpo, G: 3, epochs: 1}
+budget: {iterations: 2, queries_per_iteration: 4}
+train: {lr: 0.2}
+eval: {every: 1}
+"""
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    p = tmp_path / "tiny.yaml"
+    p.write_text(SCENARIO)
+    return p
+
+
+def test_method_spec_parsing():
+    assert compare.parse_method_spec("grpo:normalize=false:G=4") == ("grpo", {"normalize": False, "G": 4})
+    assert compare.parse_method_spec("rtpo") == ("rtpo", {})
+    with pytest.raises(ValueError, match="key=value"):
+        compare.parse_method_spec("grpo:normalize")
+
+
+def test_mean_ci_is_the_student_t_interval():
+    from scipy import stats
+
+    x = [0.1, 0.4, 0.35, 0.2]
+    m, h = compare.mean_ci(x)
+    lo, hi = stats.t.interval(0.95, len(x) - 1, loc=np.mean(x), scale=stats.sem(x))
+    assert m == pytest.approx(np.mean(x)) and h == pytest.approx((hi - lo) / 2)
+    assert math.isnan(compare.mean_ci([0.3])[1])
+
+
+def test_jobs_share_one_budget_and_method_overrides_apply_where_they_exist(scenario, tmp_path):
+    jobs, meta = compare.build_jobs(str(scenario), ["rtpo", "grpo:G=4", "tree_grpo"], 2, ["method.G=5"], None, tmp_path)
+    # the budget is what the scenario's own method (rtpo, now G=5) plans: 2 iterations × (1 + 4·3) × 4
+    assert meta["budgets"] == {"None": 2 * 13 * 4}
+    assert len(jobs) == 6 and {j.seed for j in jobs} == {0, 1}
+    by = {j.label: j for j in jobs}
+    assert by["rtpo"].data["method"] == {"name": "rtpo", "G": 5, "epochs": 1}  # scenario settings kept
+    assert by["grpo:G=4"].data["method"]["G"] == 5  # the global method.G override wins for methods with G
+    assert "G" not in by["tree_grpo"].data["method"]  # skipped where the Config has no G
+    for j in jobs:
+        assert j.data["budget"]["max_rollouts"] == 104
+    assert by["grpo:G=4"].data["budget"]["iterations"] == 104 // (5 * 4)  # whole iterations that fit
+
+
+def test_compare_runs_every_method_and_seed_at_equal_budget(scenario, tmp_path, capsys):
+    rc = compare.main([str(scenario), "--methods", "rtpo,grpo:G=4", "--seeds", "2", "--out", str(tmp_path),
+                       "budget.max_rollouts=60"])
+    assert rc == 0
+    out = next(tmp_path.glob("compare-tiny-*"))
+    payload = json.loads((out / "comparison.json").read_text())
+    rows = {r["method"]: r for r in payload["rows"]}
+    assert set(rows) == {"rtpo", "grpo:G=4"}
+    for r in rows.values():
+        assert len(r["per_seed"]) == 2 and not r["failed"]
+        assert all(p["rollouts"] <= 60 for p in r["per_seed"])
+        assert 0 < r["value_over_optimum"]["mean"] <= 1
+    assert rows["rtpo"]["rollout_train_ratio"]["mean"] == 1.0  # RTPO trains on the recorded c_k
+    assert rows["grpo:G=4"]["per_seed"][0]["rollouts"] == 48  # 3 whole iterations of 4 queries × 4
+    md = (out / "comparison.md").read_text()
+    assert "| rtpo |" in md and "±" in md
+    for png in ("curves.png", "ratio.png", "zero_adv_vs_G.png"):
+        assert (out / png).stat().st_size > 0
+    assert len(list((out / "runs").iterdir())) == 4
+
+
+def test_sweep_repeats_the_comparison_per_value(scenario, tmp_path):
+    rc = compare.main([str(scenario), "--methods", "rtpo", "--seeds", "1", "--workers", "1", "--out", str(tmp_path),
+                       "--sweep", "method.G=2,3"])
+    assert rc == 0
+    out = next(tmp_path.glob("compare-tiny-*"))
+    rows = json.loads((out / "comparison.json").read_text())["rows"]
+    assert [(r["sweep"], r["G"]) for r in rows] == [("2", 2), ("3", 3)]
+    # G = 2 leaves one sibling per boundary: every advantage is 0 (G.2, Eq. 107)
+    assert rows[0]["zero_advantage_rate"]["mean"] == 1.0
+    assert (out / "sweep.png").exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--methods", "nope"], "unknown method 'nope'"),
+    (["--methods", "grpo:bogus=1"], "grpo:bogus=1: method.bogus: unknown key"),
+    (["--seeds", "0"], "--seeds"),
+    (["--sweep", "task.num_turns"], "--sweep"),
+    (["task.num_turns=-1"], "task.num_turns"),
+])
+def test_bad_input_is_one_line_and_exit_2(scenario, tmp_path, capsys, argv, needle):
+    rc = compare.main([str(scenario), "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and needle in err and "\n" not in err
+    assert not list(tmp_path.glob("compare-*"))  # nothing started
+
+
+def test_rtpo_variants_inherit_the_scenarios_rtpo_settings(scenario, tmp_path):
+    jobs, _ = compare.build_jobs(str(scenario), ["rtpo_offpolicy", "rtpo_sync_kl:kl_threshold=0.1", "seeupo"], 1,
+                                 [], None, tmp_path)
+    by = {j.label: j.data["method"] for j in jobs}
+    assert by["rtpo_offpolicy"] == {"name": "rtpo_offpolicy", "G": 3, "epochs": 1}
+    assert by["rtpo_sync_kl:kl_threshold=0.1"] == {"name": "rtpo_sync_kl", "G": 3, "epochs": 1, "kl_threshold": 0.1}
+    assert by["seeupo"] == {"name": "seeupo"}  # not an RTPO config: its own defaults
