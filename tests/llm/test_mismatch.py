@@ -12,14 +12,13 @@ import pytest
 
 pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
 
+from conftest import TEMPERATURE  # noqa: E402
 from rtpo.core.types import Generation, Ragged  # noqa: E402
 from rtpo.llm.env import LLMEnv  # noqa: E402
 from rtpo.llm.rewards import last_digit, last_integer  # noqa: E402
 from rtpo.llm.sandbox import SandboxResult  # noqa: E402
 from rtpo.llm.tasks import MathItem, MathTask  # noqa: E402
 from rtpo.llm.tasks.math import arithmetic_task  # noqa: E402
-
-from conftest import TEMPERATURE  # noqa: E402
 
 
 def _bench():
