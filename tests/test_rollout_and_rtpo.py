@@ -6,8 +6,16 @@ import pytest
 from rtpo.core import RunContext, methods, rollout
 from rtpo.core.types import Generation, Ragged
 from rtpo.tabular import (
-    SoftmaxTable, TabularEnv, TabularEvaluator, TabularLearner, TabularSampler, TurnMDP, evaluate, random_mdp,
-    tool_chain, uniform_policy,
+    SoftmaxTable,
+    TabularEnv,
+    TabularEvaluator,
+    TabularLearner,
+    TabularSampler,
+    TurnMDP,
+    evaluate,
+    random_mdp,
+    tool_chain,
+    uniform_policy,
 )
 
 

@@ -69,7 +69,7 @@ class FlatBatch:
     num_seqs: int
 
     @staticmethod
-    def from_batch(batch: TurnBatch, dtype: torch.dtype = torch.float64) -> "FlatBatch":
+    def from_batch(batch: TurnBatch, dtype: torch.dtype = torch.float64) -> FlatBatch:
         lengths = batch.tokens.lengths
         _, seq_index = np.unique(batch.seq_id, return_inverse=True)
         token_seq = np.repeat(seq_index, lengths)

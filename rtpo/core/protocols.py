@@ -6,7 +6,8 @@ behind them.  All batch data crossing these boundaries is in rtpo.core.types.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from rtpo.core.loss import LossConfig
 from rtpo.core.protocols import Learner
-from rtpo.core.types import Ragged, TurnBatch, Trajectory
+from rtpo.core.types import Ragged, Trajectory, TurnBatch
 
 
 def turn_rows(

@@ -9,8 +9,9 @@ on construction; nothing hands out a mutable view of its internals.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class Ragged:
         object.__setattr__(self, "offsets", offsets)
 
     @classmethod
-    def _unchecked(cls, values: np.ndarray, offsets: np.ndarray) -> "Ragged":
+    def _unchecked(cls, values: np.ndarray, offsets: np.ndarray) -> Ragged:
         """A Ragged from read-only arrays already known to satisfy the invariants (e.g. a contiguous
         slice of a checked Ragged).  Skips __post_init__, whose checks dominated per-episode assembly
         in the rollout driver."""
@@ -58,7 +59,7 @@ class Ragged:
         return obj
 
     @staticmethod
-    def from_rows(rows: Sequence[np.ndarray], dtype: Any = None) -> "Ragged":
+    def from_rows(rows: Sequence[np.ndarray], dtype: Any = None) -> Ragged:
         rows = [np.asarray(r).reshape(-1) for r in rows]
         lengths = np.fromiter((r.size for r in rows), dtype=np.int64, count=len(rows))
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -72,7 +73,7 @@ class Ragged:
         return Ragged(values, offsets)
 
     @staticmethod
-    def from_dense(rows: np.ndarray) -> "Ragged":
+    def from_dense(rows: np.ndarray) -> Ragged:
         """Equal-length rows (B, L) -> Ragged without a Python loop."""
         rows = np.asarray(rows)
         b, length = rows.shape
@@ -92,7 +93,7 @@ class Ragged:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
-    def take(self, idx: np.ndarray) -> "Ragged":
+    def take(self, idx: np.ndarray) -> Ragged:
         """Rows idx (any order, repeats allowed), vectorised."""
         idx = np.asarray(idx, dtype=np.int64)
         lengths = self.lengths[idx]
@@ -116,7 +117,7 @@ class Ragged:
         return out, mask
 
     @staticmethod
-    def concat(parts: Sequence["Ragged"]) -> "Ragged":
+    def concat(parts: Sequence[Ragged]) -> Ragged:
         parts = list(parts)
         if not parts:
             return Ragged(np.zeros(0), np.zeros(1, dtype=np.int64))
@@ -147,7 +148,7 @@ class Generation:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def take(self, idx: np.ndarray) -> "Generation":
+    def take(self, idx: np.ndarray) -> Generation:
         return Generation(self.tokens.take(idx), self.logp.take(idx))
 
 
@@ -360,7 +361,7 @@ class TurnBatch:
     def num_tokens(self) -> int:
         return int(self.tokens.values.size)
 
-    def take(self, idx: np.ndarray) -> "TurnBatch":
+    def take(self, idx: np.ndarray) -> TurnBatch:
         idx = np.asarray(idx, dtype=np.int64)
         return TurnBatch(
             contexts=self.contexts.take(idx),
@@ -373,7 +374,7 @@ class TurnBatch:
         )
 
     @staticmethod
-    def concat(parts: Sequence["TurnBatch"]) -> "TurnBatch":
+    def concat(parts: Sequence[TurnBatch]) -> TurnBatch:
         return TurnBatch(
             contexts=Ragged.concat([p.contexts for p in parts]),
             tokens=Ragged.concat([p.tokens for p in parts]),

@@ -5,7 +5,14 @@ from rtpo.tabular.generators import last_feedback_psi, modulo_psi, random_mdp, t
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import LogLinear, SoftmaxTable, TabularPolicy, one_hot_features
 from rtpo.tabular.solve import (
-    Evaluation, Solution, backup, evaluate, policy_value, solve, state_distribution, uniform_policy,
+    Evaluation,
+    Solution,
+    backup,
+    evaluate,
+    policy_value,
+    solve,
+    state_distribution,
+    uniform_policy,
 )
 
 __all__ = [

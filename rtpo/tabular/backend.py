@@ -6,8 +6,8 @@ context is the token pair (k, ψ_k(s)), a response is one token (the macro-actio
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

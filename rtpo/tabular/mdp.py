@@ -113,20 +113,20 @@ class TurnMDP:
         np.cumsum(self.num_states, out=off[1:])
         return off
 
-    def with_psi(self, psi, num_contexts: int | None = None) -> "TurnMDP":
+    def with_psi(self, psi, num_contexts: int | None = None) -> TurnMDP:
         """The same MDP seen through another context map ψ (K arrays of (S_k,) context ids)."""
         psi = tuple(np.asarray(p, dtype=np.int64) for p in psi)
         nc = int(max(int(p.max()) for p in psi) + 1) if num_contexts is None else num_contexts
         return TurnMDP(self.succ, self.prob, self.reward, self.tau, psi, self.init, nc, self.gamma,
                        self.bernoulli_rewards)
 
-    def identity_psi(self) -> "TurnMDP":
+    def identity_psi(self) -> TurnMDP:
         """ψ = identity: every state its own context (a decision-sufficient map, A11)."""
         return self.with_psi([np.arange(s) for s in self.num_states])
 
     # -- constructors -------------------------------------------------------------------------------
     @staticmethod
-    def from_arrays(P, R, init, gamma: float = 1.0, tau=None, psi=None, bernoulli_rewards: bool = False) -> "TurnMDP":
+    def from_arrays(P, R, init, gamma: float = 1.0, tau=None, psi=None, bernoulli_rewards: bool = False) -> TurnMDP:
         """From dense arrays: P (K, S, A, S), R (K, S, A), init (S,); tau (K, S, A) ints (default 1);
         psi (K, S) context ids (default identity).  P[K−1] must be all zero or is ignored; a row of
         P[k] that sums to 0 ends the episode there."""

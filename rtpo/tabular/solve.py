@@ -10,8 +10,8 @@ Policies here are dense (K, C, A) arrays of probabilities over contexts c = ψ_k
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

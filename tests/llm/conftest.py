@@ -16,6 +16,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 transformers_missing = importlib.util.find_spec("transformers") is None
 from llm_test_constants import TEMPERATURE, vllm_missing  # noqa: E402
+
 if transformers_missing:
     collect_ignore_glob = ["test_engines*.py", "test_learner*.py"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from llm_test_constants import TEMPERATURE
+
 from rtpo.core.types import Ragged
 from rtpo.llm.engines import SamplingConfig
 from rtpo.llm.engines.hf import processed_logprobs

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from llm_test_constants import TEMPERATURE
+
 from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
 from rtpo.core.train import rollout_train_ratio
 from rtpo.core.types import Ragged, TurnBatch
