@@ -30,6 +30,10 @@ class LLMBackendConfig(BackendConfig):
     model: str = Field(description="local HF model folder (e.g. Qwen3-8B), or 'tiny-random': a random "
                                    "2-layer Qwen3 with the real Qwen3 tokenizer, built locally (no download)")
     model_cache: str = Field("runs/.models", description="where 'tiny-random' models are written")
+    tiny_tokenizer: Literal["qwen3", "bpe512"] = Field(
+        "qwen3", description="tiny-random only: the real Qwen3 vocab, or a 512-token BPE built offline (a random "
+                             "policy over it writes digits often enough for answer_parse last_integer)")
+    tiny_init_std: float = Field(0.02, gt=0, description="tiny-random only: init scale (larger = peakier policy)")
     engine: Literal["vllm", "hf"] = Field("vllm", description="sampler: vllm (fast) | hf (reference)")
     temperature: float = Field(0.9, gt=0, description="training sampling temperature, also the learner's (E.3: 0.9)")
     top_p: float = Field(1.0, gt=0, le=1, description="training top-p; keep 1 so old log-probs match the learner")
@@ -70,6 +74,14 @@ class LLMTaskConfig(BaseModel):
     system: str | None = Field(None, description="optional system prompt")
     max_calls_per_turn: int = Field(2, ge=1, description="tool calls run per turn")
     eval_queries: int = Field(16, ge=1, description="problems per evaluation")
+    full_context_map: str | None = Field(
+        None, description="also record each turn's context under this map (e.g. identity = full history, "
+                          "thinking included) for flat baselines that train on it (grpo train_context)")
+    ops: list[Literal["+", "-", "*"]] = Field(["+", "-", "*"], min_length=1,
+                                                description="arithmetic: operators drawn from")
+    answer_parse: Literal["boxed", "last_integer", "last_digit"] = Field(
+        "boxed", description="boxed: the last \\boxed{} (paper); last_integer / last_digit: lenient, for tiny "
+                             "random models only (without a box, the last integer / digit of the response)")
 
     @model_validator(mode="after")
     def _check(self) -> LLMTaskConfig:
@@ -102,24 +114,36 @@ def load_task(task: LLMTaskConfig, which: str = "train"):
     try:
         if task.kind == "arithmetic":
             seed = task.task_seed if which == "train" else task.task_seed + 1_000_003
-            return arithmetic_task(task.n, seed, max_operand=task.max_operand, num_operands=task.num_operands)
+            return arithmetic_task(task.n, seed, max_operand=task.max_operand, num_operands=task.num_operands,
+                                   ops=tuple(task.ops))
         path = task.path if which == "train" or task.eval_path is None else task.eval_path
         return load_math(path, task.kind, limit=task.limit)
     except (MathDataError, ValueError) as e:
         raise ConfigError(f"task.{'path' if task.kind != 'arithmetic' else 'kind'}: {e}") from None
 
 
-def tiny_random_model(cache: str | os.PathLike, seed: int) -> Path:
-    """A random tiny Qwen3 with the real Qwen3 vocab (151,936 rows), built once per seed and reused."""
+def tiny_random_model(cache: str | os.PathLike, seed: int, tokenizer: str = "qwen3", init_std: float = 0.02) -> Path:
+    """A random tiny Qwen3, built once per (seed, tokenizer, init) and reused: with the real Qwen3 vocab
+    (151,936 rows), or with tokenizer="bpe512" the offline 512-token BPE (rtpo.llm.model.train_tiny_tokenizer)."""
     from rtpo.llm.chat import load_qwen3_tokenizer
-    from rtpo.llm.model import TinyQwen3Spec, build_tiny_qwen3
+    from rtpo.llm.model import TinyQwen3Spec, build_tiny_qwen3, train_tiny_tokenizer
 
-    out = Path(cache) / f"tiny-qwen3-seed{seed}"
+    if tokenizer not in ("qwen3", "bpe512"):
+        raise ValueError(f"tiny_random_model: tokenizer must be qwen3 or bpe512, got {tokenizer!r}")
+    name = f"tiny-qwen3-seed{seed}"
+    if tokenizer != "qwen3":
+        name = f"tiny-{tokenizer}-seed{seed}"
+    if init_std != 0.02:
+        name += f"-std{init_std:g}"
+    out = Path(cache) / name
     if (out / "config.json").is_file():
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    build_tiny_qwen3(tmp, tokenizer=load_qwen3_tokenizer(), spec=TinyQwen3Spec(vocab_size=151936), seed=seed,
-                     init_std=0.02)
+    if tokenizer == "qwen3":
+        build_tiny_qwen3(tmp, tokenizer=load_qwen3_tokenizer(), spec=TinyQwen3Spec(vocab_size=151936), seed=seed,
+                         init_std=init_std)
+    else:
+        build_tiny_qwen3(tmp, tokenizer=train_tiny_tokenizer(512), spec=TinyQwen3Spec(), seed=seed, init_std=init_std)
     if not out.exists():  # another run may have finished the same build meanwhile
         os.replace(tmp, out)
     return out
@@ -163,7 +187,8 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     task: LLMTaskConfig = cfg.task
     if cfg.train.optimizer != "adam":
         raise ConfigError(f"train.optimizer: the LLM learner uses AdamW ('adam'), got {cfg.train.optimizer!r}")
-    model_dir = tiny_random_model(b.model_cache, cfg.seed) if b.model == "tiny-random" else _check_model_dir(b.model)
+    model_dir = (tiny_random_model(b.model_cache, cfg.seed, b.tiny_tokenizer, b.tiny_init_std) if b.model == "tiny-random"
+                 else _check_model_dir(b.model))
     tokenizer = load_qwen3_tokenizer(str(model_dir))
     train_task, eval_task = load_task(task, "train"), load_task(task, "eval")
 
@@ -171,7 +196,8 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         try:
             return LLMEnv(t, tokenizer, context_map=task.context_map, num_turns=task.num_turns,
                           enable_thinking=task.enable_thinking, system=task.system,
-                          max_calls_per_turn=task.max_calls_per_turn)
+                          max_calls_per_turn=task.max_calls_per_turn, answer_parse=task.answer_parse,
+                          full_context_map=task.full_context_map)
         except (KeyError, ValueError) as e:
             raise ConfigError(f"task: {' '.join(str(e).split())}") from None
 

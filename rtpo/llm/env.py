@@ -17,6 +17,7 @@ Rewards are sparse (only at the end, SPEC §1); τ_k = the number of response to
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -27,7 +28,7 @@ import numpy as np
 from rtpo.core.types import Generation, Ragged, StepOutcome
 from rtpo.llm.chat import PYTHON_TOOL, ParsedResponse, Qwen3Chat, ToolCall, parse_response
 from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
-from rtpo.llm.rewards import MathVerifier, default_verifier
+from rtpo.llm.rewards import ANSWER_PARSES, LENIENT_PARSERS, MathVerifier, default_verifier
 from rtpo.llm.sandbox import SandboxLimits, SandboxResult, run_python
 from rtpo.llm.tasks.math import MathItem, MathTask
 
@@ -69,6 +70,13 @@ class LLMEnv:
     verifier:      math answer checker (default: the process-wide one).
     tool_threads:  tool calls of a batch run in parallel on this many threads.
     run_tool:      the code runner (default: the sandbox); injectable for tests of the env's own logic.
+    answer_parse:  "boxed" (default): the answer is the last \\boxed{}; "last_integer": lenient, for tiny
+                   random models only: without a \\boxed{}, the last integer of the content is the answer
+                   (rtpo.llm.rewards.last_integer); "last_digit": likewise the last digit character.
+    full_context_map: None (default), or a map name such as "identity": then the env also exposes
+                   `full_contexts(episodes)` = that map's context of each episode, which the rollout
+                   driver records into Trajectory.full_contexts, so a flat baseline (grpo with
+                   train_context full_history/auto) trains on the full history behind ψ's rollouts.
     """
 
     def __init__(
@@ -86,9 +94,19 @@ class LLMEnv:
         verifier: MathVerifier | None = None,
         tool_threads: int = 4,
         run_tool: Callable[[str, SandboxLimits], SandboxResult] | None = None,
+        answer_parse: str = "boxed",
+        full_context_map: str | ContextMap | None = None,
     ) -> None:
         if num_turns < 1:
             raise ValueError(f"LLMEnv: num_turns must be >= 1, got {num_turns}")
+        if answer_parse not in ANSWER_PARSES:
+            raise ValueError(f"LLMEnv: answer_parse must be one of {', '.join(ANSWER_PARSES)}, got {answer_parse!r}")
+        self.answer_parse = answer_parse
+        if full_context_map is not None:
+            # an instance attribute, not a method: the driver records full contexts only when the
+            # environment has this attribute (getattr), so unconfigured runs pay nothing
+            full_psi = make_context_map(full_context_map) if isinstance(full_context_map, str) else full_context_map
+            self.full_contexts = functools.partial(self.contexts_with, psi=full_psi)  # picklable
         self.task = task
         self.chat = Qwen3Chat(tokenizer, tools=(PYTHON_TOOL,), system=system, enable_thinking=enable_thinking)
         self.psi: ContextMap = make_context_map(context_map) if isinstance(context_map, str) else context_map
@@ -172,12 +190,15 @@ class LLMEnv:
         for i, (e, p) in enumerate(zip(episodes, parsed)):
             last = e.k >= self.num_turns - 1
             wants_tools = bool(p.tool_calls or p.errors)
-            if last or (p.answer is not None and not wants_tools):
+            answer = p.answer
+            if answer is None and self.answer_parse != "boxed":
+                answer = LENIENT_PARSERS[self.answer_parse](p.content)
+            if last or (answer is not None and not wants_tools):
                 done[i] = True
-                r = self._verifier_or_default().score(p.answer, e.item.answer)
+                r = self._verifier_or_default().score(answer, e.item.answer)
                 reward[i] = r.reward
                 m[f"answer/{r.status}"] += 1
-                if last and p.answer is None and wants_tools:
+                if last and answer is None and wants_tools:
                     m["tool/cut_by_horizon"] += 1
                 continue
             if not wants_tools:

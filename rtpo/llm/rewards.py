@@ -186,6 +186,39 @@ def math_reward(answer: str | None, gold: str, verifier: MathVerifier | None = N
     return (verifier or default_verifier()).score(answer, gold)
 
 
+# ---------------------------------------------------------------- answer extraction options
+
+# How an environment finds the answer in a response.  "boxed" (the default, the paper's) takes the last
+# \\boxed{} only.  "last_integer" is a deliberately lenient option for tiny random models: when no
+# \\boxed{} is present, the last integer written anywhere in the response's content counts as the
+# answer, so a random policy over a small vocabulary hits a one-digit gold answer with a probability
+# well above 0 and RL has a signal to amplify.  "last_digit" is more lenient still, for one-digit gold
+# answers: the last digit character of the content (a small BPE merges digits into multi-digit tokens,
+# so a random policy's last integer is rarely one digit; its last digit is one of ten):
+# scenarios/llm/tiny-cpu-learn.yaml uses it.  Never use either to report math accuracy.
+ANSWER_PARSES = ("boxed", "last_integer", "last_digit")
+_INTEGER = re.compile(r"(?<![\d.])-?\d+(?![\d.])")
+
+
+def last_integer(text: str | None) -> str | None:
+    """The last integer (optional minus sign, no decimal point) in `text`, as written; None if there is none."""
+    if not text:
+        return None
+    found = _INTEGER.findall(text)
+    return found[-1] if found else None
+
+
+def last_digit(text: str | None) -> str | None:
+    """The last decimal digit character in `text`; None if there is none."""
+    for ch in reversed(text or ""):
+        if "0" <= ch <= "9":
+            return ch
+    return None
+
+
+LENIENT_PARSERS = {"last_integer": last_integer, "last_digit": last_digit}
+
+
 # ---------------------------------------------------------------- QA token F1 (HotpotQA / SQuAD style)
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
