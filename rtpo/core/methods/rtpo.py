@@ -112,6 +112,12 @@ class RTPO(Method):
             if not np.array_equal(s.contexts[0], bounds[i // n].context):
                 raise RuntimeError(f"sibling context differs from the recorded c_{k}: snapshot/restore is not exact")
         returns = np.asarray(self.sibling_returns(ctx, state, k, sibs), np.float64).reshape(len(bounds), n)
+        return self.train_on_siblings(ctx, sibs, returns, metrics)
+
+    def train_on_siblings(self, ctx: RunContext, sibs: list, returns: np.ndarray, metrics: dict) -> dict[str, float]:
+        """Algorithm 1 steps 2.3–2.4: the configured estimator on each sibling group (returns: (boundaries,
+        G−1), sibs in the same row-major order), then PPO on the siblings' turn-k tokens only (Eq. 6, 80)."""
+        n = returns.shape[1]
         adv = estimators.get(self.cfg.estimator)(returns)
         zero = estimators.zero_advantage_mask(returns)
         metrics.update(self.advantage_metrics(returns, adv, zero))

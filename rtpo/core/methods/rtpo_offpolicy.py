@@ -20,7 +20,7 @@ from rtpo.core.methods.base import IterationState, RunContext, register_method
 from rtpo.core.methods.rtpo import RTPO, RTPOConfig, RTPOIteration
 from rtpo.core.protocols import Learner
 from rtpo.core.rollout import rollout
-from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
+from rtpo.core.train import turn_rows
 from rtpo.core.types import Ragged, Trajectory, discounted_return
 
 
@@ -106,18 +106,6 @@ class RTPOOffPolicy(RTPO):
             return metrics
         n = self.cfg.G - 1
         q_off, omega = reweighted_returns(ctx.learner, sibs, self.cfg.rho_min, self.cfg.rho_max)
-        returns = q_off.reshape(-1, n)
-        adv = estimators.get(self.cfg.estimator)(returns)
-        zero = estimators.zero_advantage_mask(returns)
-        metrics.update(self.advantage_metrics(returns, adv, zero))
         metrics["offpolicy/omega_mean"] = float(omega.mean())
         metrics["offpolicy/omega_clamped_rate"] = float(np.mean((omega <= self.cfg.rho_min) | (omega >= self.cfg.rho_max)))
-        rows = np.arange(len(sibs))
-        if self.cfg.drop_zero_groups:
-            rows = rows[~np.repeat(zero, n)]
-        if rows.size == 0:
-            return metrics
-        batch = turn_rows([sibs[i] for i in rows], np.zeros(rows.size, np.int64), adv.reshape(-1)[rows])
-        metrics.update(rollout_train_ratio(ctx.learner, batch))
-        metrics.update(ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng))
-        return metrics
+        return self.train_on_siblings(ctx, sibs, q_off.reshape(-1, n), metrics)
