@@ -94,12 +94,17 @@ class _RecordingSampler(TabularSampler):
 
 def build(cfg: ScenarioConfig) -> BuiltBackend:
     mdp = build_mdp(cfg.task)
-    policy = make_policy(cfg.task, mdp)
+    return assemble(cfg, mdp, make_policy(cfg.task, mdp), TabularEnv(mdp))
+
+
+def assemble(cfg: ScenarioConfig, mdp: TurnMDP, policy: TabularPolicy, env: Any) -> BuiltBackend:
+    """The tabular RunContext (seeded policy init, learner, sampler) and its exact evaluator around an
+    environment; backends that change only the environment or the policy (tabular_history) reuse it."""
     rng = np.random.default_rng(cfg.seed)
     params = policy.init_params(rng)
     learner = TabularLearner(policy, params, lr=cfg.train.lr, optimizer=cfg.train.optimizer)
     sampler = _RecordingSampler(policy, params)
-    ctx = RunContext(env=TabularEnv(mdp), sampler=sampler, learner=learner, rng=rng)
+    ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng)
     evaluator = TabularEvaluator(mdp, policy)
     return BuiltBackend(
         ctx=ctx,
