@@ -195,16 +195,22 @@ def validate_dataclass(cls: type, data: dict, prefix: str, reserved: tuple[str, 
         raise ConfigError(f"{prefix}: {msg}") from None
 
 
+def registered_name(data: Any, section: str, key: str, registry: Any, what: str) -> str:
+    """The registered name a section selects by `key` (method.name, task.kind), checked with one-line errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{section}: must be a mapping, got {_fmt_input(data)}")
+    name = data.get(key)
+    if name is None:
+        raise ConfigError(f"{section}.{key}: required key missing")
+    if not isinstance(name, str) or name not in registry:
+        raise ConfigError(f"{section}.{key}: unknown {what} {name!r} (valid: {', '.join(registry.names())})")
+    return name
+
+
 def _method_section(data: Any) -> MethodSection:
     from rtpo.core import methods
 
-    if not isinstance(data, dict):
-        raise ConfigError(f"method: must be a mapping, got {_fmt_input(data)}")
-    name = data.get("name")
-    if name is None:
-        raise ConfigError("method.name: required key missing")
-    if not isinstance(name, str) or name not in methods.METHODS:
-        raise ConfigError(f"method.name: unknown method {name!r} (valid: {', '.join(methods.names())})")
+    name = registered_name(data, "method", "name", methods.METHODS, "method")
     cfg = validate_dataclass(methods.get(name).Config, data, "method", reserved=("name",))
     return MethodSection(name=name, config=cfg)
 

@@ -10,7 +10,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
-from rtpo.config import BackendConfig, ConfigError, ScenarioConfig, pydantic_error, validate_dataclass
+from rtpo.config import (
+    BackendConfig,
+    ConfigError,
+    ScenarioConfig,
+    pydantic_error,
+    registered_name,
+    validate_dataclass,
+)
 from rtpo.core.methods import RunContext
 from rtpo.tabular.backend import TabularEnv, TabularEvaluator, TabularLearner, TabularSampler
 from rtpo.tabular.mdp import TurnMDP
@@ -42,13 +49,7 @@ _OWN = ("kind", "psi", "policy", "init_scale")
 
 
 def parse_task(data: Any) -> TabularTaskConfig:
-    if not isinstance(data, dict):
-        raise ConfigError(f"task: must be a mapping, got {data!r}")
-    kind = data.get("kind")
-    if kind is None:
-        raise ConfigError("task.kind: required key missing")
-    if not isinstance(kind, str) or kind not in TASKS:
-        raise ConfigError(f"task.kind: unknown tabular task {kind!r} (valid: {', '.join(TASKS.names())})")
+    kind = registered_name(data, "task", "kind", TASKS, "tabular task")
     if "psi" in data:
         try:
             check_psi(data["psi"])
