@@ -49,12 +49,16 @@ class BackendSpec:
     parse_task:    raw `task` mapping -> typed task section (raises ConfigError naming `task.<key>`);
                    the returned object has to_dict() giving back plain data.
     build:         (ScenarioConfig) -> BuiltBackend.
-    solve:         optional (ScenarioConfig) -> text for `rtpo solve` (exact optimum and policy)."""
+    solve:         optional (ScenarioConfig) -> text for `rtpo solve` (exact optimum and policy).
+    build_role:    optional (ScenarioConfig, role) -> RunContext holding only what one worker role of a
+                   distributed run uses ("rollout": env + sampler, "trainer": learner, "driver": all);
+                   without it every worker runs the full build (rtpo.distributed.ScenarioFactory)."""
 
     config: type
     parse_task: Callable[[Any], Any]
     build: Callable[[ScenarioConfig], BuiltBackend]
     solve: Callable[[ScenarioConfig], str] | None = None
+    build_role: Callable[[ScenarioConfig, str], RunContext] | None = None
 
 
 BACKENDS: Registry[BackendSpec] = Registry("backend")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -144,8 +146,13 @@ def tiny_random_model(cache: str | os.PathLike, seed: int, tokenizer: str = "qwe
                          init_std=init_std)
     else:
         build_tiny_qwen3(tmp, tokenizer=train_tiny_tokenizer(512), spec=TinyQwen3Spec(), seed=seed, init_std=init_std)
-    if not out.exists():  # another run may have finished the same build meanwhile
-        os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)  # atomic: `out` appears complete or not at all, so a reader never sees half a model
+    except OSError:
+        # another process (a run, or a Ray worker of this run) finished the same build meanwhile: keep its copy
+        if not (out / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -177,20 +184,40 @@ def _check_model_dir(path: str) -> Path:
     return p
 
 
-def build(cfg: ScenarioConfig) -> BuiltBackend:
+def _model_dir(cfg: ScenarioConfig) -> Path:
+    """The checked scenario's model folder; 'tiny-random' is built into backend.model_cache on first use.
+
+    In a distributed run the driver builds first, so the workers (which call this again from the same
+    scenario) find the finished folder; tiny_random_model's rename keeps concurrent builders safe anyway.
+    """
+    b: LLMBackendConfig = cfg.backend
+    if cfg.train.optimizer != "adam":
+        raise ConfigError(f"train.optimizer: the LLM learner uses AdamW ('adam'), got {cfg.train.optimizer!r}")
+    if b.model == "tiny-random":
+        return tiny_random_model(b.model_cache, cfg.seed, b.tiny_tokenizer, b.tiny_init_std)
+    return _check_model_dir(b.model)
+
+
+@dataclass(frozen=True)
+class _RolloutSide:
+    """What a rollout worker holds (and the driver shares): the training env, the engine, the env maker."""
+
+    make_env: Any
+    env: Any
+    num_queries: int
+    stop: tuple
+    engine: Any
+
+
+def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSide:
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.engines import SamplingConfig
     from rtpo.llm.env import LLMEnv
-    from rtpo.llm.learner import LearnerConfig, launch_learner
 
     b: LLMBackendConfig = cfg.backend
     task: LLMTaskConfig = cfg.task
-    if cfg.train.optimizer != "adam":
-        raise ConfigError(f"train.optimizer: the LLM learner uses AdamW ('adam'), got {cfg.train.optimizer!r}")
-    model_dir = (tiny_random_model(b.model_cache, cfg.seed, b.tiny_tokenizer, b.tiny_init_std) if b.model == "tiny-random"
-                 else _check_model_dir(b.model))
     tokenizer = load_qwen3_tokenizer(str(model_dir))
-    train_task, eval_task = load_task(task, "train"), load_task(task, "eval")
+    train_task = load_task(task, "train")
 
     def make_env(t):
         try:
@@ -201,17 +228,19 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         except (KeyError, ValueError) as e:
             raise ConfigError(f"task: {' '.join(str(e).split())}") from None
 
-    env, eval_env = make_env(train_task), make_env(eval_task)
+    env = make_env(train_task)
     stop = tuple(sorted(env.chat.stop_ids))
     sampling = SamplingConfig(temperature=b.temperature, top_p=b.top_p, max_tokens=b.max_tokens, stop_token_ids=stop)
-    eval_sampling = SamplingConfig(temperature=b.eval_temperature, top_p=b.eval_top_p, max_tokens=b.max_tokens,
-                                   stop_token_ids=stop)
     if b.engine == "vllm":
         from rtpo.llm.engines.vllm import VLLMEngine
 
-        if b.world_size > 1 or b.tensor_parallel_size > 1:
+        if role == "driver" and (b.world_size > 1 or b.tensor_parallel_size > 1):
             # rank 0 of the learner owns this process's torch.distributed world: vLLM gets its own process
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        elif role == "rollout" and b.tensor_parallel_size == 1:
+            # a rollout actor is a process of its own with no learner: vLLM runs in it (starts in seconds,
+            # and a multiprocess engine would need a __main__ guard the actor does not have)
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
         extra: dict[str, Any] = {}
         if b.gpu_memory_utilization is not None:
@@ -224,13 +253,66 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         from rtpo.llm.engines.hf import HFEngine
 
         engine = HFEngine(model_dir, sampling)
+    return _RolloutSide(make_env=make_env, env=env, num_queries=len(train_task), stop=stop, engine=engine)
+
+
+def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
+    """The FSDP2 learner.  A trainer rank whose process group already exists (a Ray trainer actor: the
+    group's size is resources.trainer_workers) builds its shard in that group; otherwise launch_learner
+    spawns backend.world_size − 1 local ranks around this process (the driver's learner)."""
+    import torch
+    import torch.distributed as dist
+
+    from rtpo.llm.learner import FSDPLearner, LearnerConfig, launch_learner
+
+    b: LLMBackendConfig = cfg.backend
     kl = float(getattr(cfg.method.config, "kl_coef", 0.0) or 0.0)
     lcfg = LearnerConfig(lr=cfg.train.lr, weight_decay=b.weight_decay, grad_clip=b.grad_clip, temperature=b.temperature,
                          micro_batch_tokens=b.micro_batch_tokens, kl_reference=kl > 0, param_dtype=b.param_dtype,
                          mixed_precision=b.mixed_precision, gradient_checkpointing=b.gradient_checkpointing)
+    if role == "trainer" and dist.is_initialized():
+        if b.threads_per_rank:
+            torch.set_num_threads(b.threads_per_rank)
+        return FSDPLearner(model_dir, lcfg, rank=dist.get_rank(), world_size=dist.get_world_size(),
+                           backend=dist.get_backend())
     learner = launch_learner(model_dir, lcfg, world_size=b.world_size, threads_per_rank=b.threads_per_rank)
     if b.world_size > 1:
         atexit.register(learner.close)
+    return learner
+
+
+def build_role(cfg: ScenarioConfig, role: str) -> RunContext:
+    """Only what one role of a distributed run uses (rtpo.distributed.ScenarioFactory calls this).
+
+    rollout: the training env + engine, no learner (a rollout actor holds no optimiser or FSDP shard).
+    trainer: the learner alone, in the actor's process group when one exists (see _learner).
+    driver:  the full build() (the driver also evaluates).
+    """
+    if role == "driver":
+        return build(cfg).ctx
+    model_dir = _model_dir(cfg)
+    rng = np.random.default_rng(cfg.seed)
+    if role == "rollout":
+        side = _rollout_side(cfg, model_dir, role)
+        return RunContext(env=side.env, sampler=TrackedSampler(side.engine), learner=None, rng=rng)
+    if role == "trainer":
+        return RunContext(env=None, sampler=None, learner=_learner(cfg, model_dir, role), rng=rng)
+    raise ValueError(f"build_role: unknown role {role!r} (rollout, trainer or driver)")
+
+
+def build(cfg: ScenarioConfig) -> BuiltBackend:
+    from rtpo.llm.engines import SamplingConfig
+
+    b: LLMBackendConfig = cfg.backend
+    task: LLMTaskConfig = cfg.task
+    model_dir = _model_dir(cfg)
+    side = _rollout_side(cfg, model_dir, "driver")
+    env, engine = side.env, side.engine
+    eval_task = load_task(task, "eval")
+    eval_env = side.make_env(eval_task)
+    eval_sampling = SamplingConfig(temperature=b.eval_temperature, top_p=b.eval_top_p, max_tokens=b.max_tokens,
+                                   stop_token_ids=side.stop)
+    learner = _learner(cfg, model_dir, "driver")
     sampler = TrackedSampler(engine)
     rng = np.random.default_rng(cfg.seed)
     ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng)
@@ -273,9 +355,10 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         evaluate=evaluate,
         sampler_state=lambda: sampler.current,
         load_sampler_state=lambda w: sampler.load_weights(w) if w is not None else None,
-        num_queries=len(train_task),
+        num_queries=side.num_queries,
         value_key="eval/value",
     )
 
 
-register_backend("llm", BackendSpec(config=LLMBackendConfig, parse_task=parse_task, build=build))
+register_backend("llm", BackendSpec(config=LLMBackendConfig, parse_task=parse_task, build=build,
+                                    build_role=build_role))
