@@ -236,7 +236,7 @@ def _sampling_z(model_dir: Path, temperature: float, rollouts: list) -> tuple[fl
                     p = logp.exp()
                     entropy = -(p * logp).sum(-1)
                     var = (p * logp.square()).sum(-1) - entropy.square()
-                    drawn = logp.gather(1, torch.as_tensor(rsp, dtype=torch.long)[:, None]).squeeze(1)
+                    drawn = logp.gather(1, torch.tensor(rsp, dtype=torch.long)[:, None]).squeeze(1)  # a copy: rsp is read-only
                     centred += float((drawn + entropy).sum())
                     variance += float(var.sum())
                     tokens += rsp.size
