@@ -81,8 +81,8 @@ BINARY = {
     "backend": {"kind": "tabular"},
     "task": {"kind": "random", "seed": 5, "num_turns": 3, "num_states": 4, "num_actions": 3, "end_prob": 0.3,
              "terminal_reward_only": True, "bernoulli_rewards": True, "init_scale": 1.0},
-    "method": {"name": "rtpo", "G": 3},
-    "budget": {"iterations": 1, "queries_per_iteration": 8},
+    "method": {"name": "rtpo", "G": 4},
+    "budget": {"iterations": 3, "queries_per_iteration": 16},
     "train": {"lr": 0.5},
     "logging": {"progress": False, "plot": False},
 }
@@ -173,13 +173,13 @@ def test_eval_of_a_run_folder_loads_the_checkpoint_policy(binary_run, capsys):
     assert (binary_run / "eval.json").is_file()  # the default report path of a run
     _check_report(report)
     ckpt = report["target"]["checkpoint"]
-    assert ckpt["path"] == str(binary_run / "checkpoint.pkl") and ckpt["global_phase"] == 3 and ckpt["iteration"] == 1
+    assert ckpt["path"] == str(binary_run / "checkpoint.pkl") and ckpt["global_phase"] == 9 and ckpt["iteration"] == 3
     # the checkpoint's policy is the trained one: its exact value is the run's last evaluation, not θ0's
     final = read_metrics(binary_run)[-1]["eval/value"]
     assert report["exact"]["eval/value"] == pytest.approx(final, abs=1e-12)
     cfg = load_scenario(binary_run / "config.yaml")
     exact = _exact_pass_at_k(cfg, binary_run / "checkpoint.pkl", KS)
-    assert exact[1] != pytest.approx(_exact_pass_at_k(cfg, None, KS)[1], abs=1e-6)  # training moved it
+    assert abs(exact[1] - _exact_pass_at_k(cfg, None, KS)[1]) > 0.02  # training moved it (0.324 -> 0.350)
     _check_against_exact(report, exact)
     # the checkpoint file itself is a target too, with the same result
     again = _eval(capsys, binary_run / "checkpoint.pkl", "--samples", N, "--k", "1,2,4", "--queries", Q,
