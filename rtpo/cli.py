@@ -177,7 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "compare":
         return _dispatch("rtpo.compare", argv[1:])
     parser = _parser()
-    ns = parser.parse_args(argv)
+    if argv and argv[0] == "eval":
+        # overrides may follow options (TARGET --samples 4 backend.engine=hf): argparse hands back the
+        # positionals it meets after an option as unknown, so they are collected here
+        ns, extra = parser.parse_known_args(argv)
+        bad = [a for a in extra if a.startswith("-") or "=" not in a]
+        if bad:
+            parser.error(f"unrecognized arguments: {' '.join(bad)}")
+        ns.overrides = [*ns.overrides, *extra]
+    else:
+        ns = parser.parse_args(argv)
     if ns.command == "run":
         return _cmd_run(ns)
     if ns.command == "solve":
