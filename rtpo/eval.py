@@ -151,6 +151,9 @@ class EvalSamples:
             "truncation_rate": (None if c is None or "truncated_turns" not in c
                                 else float(c["truncated_turns"]) / max(turns, 1)),
             "malformed_rate": float(self.malformed_turns.sum()) / max(turns, 1),
+            # episodes ended because their next context would pass the context limit (LLM env counter)
+            "context_overflow_rate": (None if c is None or "turns" not in c
+                                      else float(c.get("context_overflow", 0)) / episodes),
             "num_problems": self.num_problems,
             "samples_per_problem": self.samples,
             "num_episodes": int(episodes),
@@ -205,7 +208,7 @@ def sample_and_score(spec: SampledEval, query_ids: Sequence[int] | np.ndarray, s
 _IN_RUN_KEYS = {"reward_mean": "eval/value", "pass@1": "eval/pass@1", "tokens_mean": "eval/tokens_mean",
                 "turns_mean": "eval/turns_mean", "tool_calls_mean": "eval/tool_calls_mean",
                 "tool_ok_rate": "eval/tool_ok_rate", "truncation_rate": "eval/truncation_rate",
-                "malformed_rate": "eval/malformed_rate"}
+                "malformed_rate": "eval/malformed_rate", "context_overflow_rate": "eval/context_overflow_rate"}
 
 
 def in_run_metrics(spec: SampledEval, query_ids: np.ndarray, seed: int) -> dict[str, float]:
@@ -382,7 +385,8 @@ def format_table(report: dict[str, Any]) -> str:
     rows += [("mean reward", report["reward_mean"]), ("tokens / episode", report["tokens_mean"]),
              ("turns / episode", report["turns_mean"]), ("tool calls / episode", report["tool_calls_mean"]),
              ("tool success rate", report["tool_ok_rate"]), ("truncation rate", report["truncation_rate"]),
-             ("malformed rate", report["malformed_rate"])]
+             ("malformed rate", report["malformed_rate"]),
+             ("context overflow rate", report["context_overflow_rate"])]
     if report.get("exact"):
         rows += [(f"exact {k}", v) for k, v in report["exact"].items()]
     width = max(len(name) for name, _ in rows)

@@ -56,7 +56,8 @@ def test_eval_reproduces_the_in_run_evaluation(hf_run, capsys):
     report = _eval(capsys, hf_run, "--samples", 1, "--queries", EVAL_QUERIES, "--out", hf_run / "e1.json")
     pairs = {"reward_mean": "eval/value", "pass@1": "eval/pass@1", "tokens_mean": "eval/tokens_mean",
              "turns_mean": "eval/turns_mean", "tool_calls_mean": "eval/tool_calls_mean",
-             "truncation_rate": "eval/truncation_rate", "malformed_rate": "eval/malformed_rate"}
+             "truncation_rate": "eval/truncation_rate", "malformed_rate": "eval/malformed_rate",
+             "context_overflow_rate": "eval/context_overflow_rate"}
     assert {k: report[k] for k in pairs} == {k: last[v] for k, v in pairs.items()}
     assert report["target"]["checkpoint"]["global_phase"] == last["global_phase"]
 
@@ -69,8 +70,8 @@ def test_eval_of_a_run_folder_pass_at_k(hf_run, capsys):
     report = _eval(capsys, *args)
     assert (hf_run / "eval.json").is_file()
     for key in ("pass@1", "pass@2", "pass@4", "reward_mean", "tokens_mean", "turns_mean", "tool_calls_mean",
-                "tool_ok_rate", "truncation_rate", "malformed_rate", "num_problems", "samples_per_problem",
-                "sampling", "per_problem", "env_counters"):
+                "tool_ok_rate", "truncation_rate", "malformed_rate", "context_overflow_rate", "num_problems",
+                "samples_per_problem", "sampling", "per_problem", "env_counters"):
         assert key in report, key
     assert report["num_problems"] == PROBLEMS and report["samples_per_problem"] == 4  # default: the whole split
     assert report["sampling"]["temperature"] == cfg.backend.eval_temperature
@@ -84,7 +85,7 @@ def test_eval_of_a_run_folder_pass_at_k(hf_run, capsys):
     assert report["reward_mean"] == report["success_rate"]
     assert 1 <= report["turns_mean"] <= cfg.task.num_turns
     assert report["tokens_mean"] <= cfg.backend.max_tokens * report["turns_mean"] + 1e-9
-    for key in ("truncation_rate", "malformed_rate"):
+    for key in ("truncation_rate", "malformed_rate", "context_overflow_rate"):
         assert 0.0 <= report[key] <= 1.0
     assert report["env_counters"]["turns"] == pytest.approx(report["turns_mean"] * 4 * PROBLEMS)
     again = _eval(capsys, *args, "--out", hf_run / "again.json")
