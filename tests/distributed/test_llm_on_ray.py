@@ -38,7 +38,7 @@ weight sync and a train step):
            the T = 1.0 actors miss by 0.88, actors that ignore weight syncs by 1.2e-3), and every phase's
            rollout/train ratio must be 1 within 1e-4.
 
-The cluster is the module-shared 2-CPU one (conftest.ray_cluster): the scenario's 4 half-CPU bundles fill
+The cluster is the session-shared 2-CPU one (conftest.ray_cluster): the scenario's 4 half-CPU bundles fill
 it; every actor process is checked gone after the Ray run, and the session fixture checks that no Ray
 process survives the tests.
 """
