@@ -62,7 +62,7 @@ def main() -> None:
         model_dir = build_tiny_qwen3(Path(tmp) / "m", tokenizer=str(tok_dir), spec=TinyQwen3Spec(vocab_size=151936),
                                      seed=0, init_std=0.2)
         vocab_note = "real Qwen3 vocab (151936 rows)"
-    except (FileNotFoundError, OSError):
+    except (FileNotFoundError, OSError, ImportError):
         model_dir = build_tiny_qwen3(Path(tmp) / "m", seed=0, init_std=0.2)
         vocab_note = "tiny BPE vocab (512)"
     torch.manual_seed(0)

@@ -86,6 +86,8 @@ class EvalConfig(Section):
 class LoggingConfig(Section):
     progress: bool = Field(True, description="rich progress bar (only on a terminal)")
     plot: bool = Field(True, description="write learning_curve.png at the end of the run")
+    checkpoint_every: int = Field(1, ge=1, description="phases between checkpoints (the run's last phase always gets "
+                                                       "one); --resume restarts from the latest, dropping later metric lines")
 
 
 class MethodSection(BaseModel):

@@ -269,10 +269,11 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, resume, p
                 if iter_done:
                     prog.it_state, prog.iteration = None, prog.iteration + 1
                 # the elapsed time so far belongs to the checkpoint, so a resumed run's clock continues
-                saved_elapsed = prog.elapsed_s
-                prog.elapsed_s = saved_elapsed + time.perf_counter() - start
-                _save_checkpoint(run_dir, built, prog)
-                prog.elapsed_s = saved_elapsed
+                if last or prog.global_phase % cfg.logging.checkpoint_every == 0:
+                    saved_elapsed = prog.elapsed_s
+                    prog.elapsed_s = saved_elapsed + time.perf_counter() - start
+                    _save_checkpoint(run_dir, built, prog)
+                    prog.elapsed_s = saved_elapsed
                 if bar is not None:
                     ratio = _ratio(eval_metrics or last_eval, built)
                     desc = f"{cfg.name} {cfg.method.name}" + (f"  value/opt {ratio:.3f}" if ratio is not None else "")

@@ -83,8 +83,10 @@ def test_max_rollouts_stops_the_run(tmp_path):
     assert "eval/value" in res.metrics[-1]
 
 
-def test_resume_after_crash_continues_exactly(tmp_path, monkeypatch):
-    cfg = load_scenario(None, [*SMALL, "budget.iterations=3", "logging.plot=false"])
+@pytest.mark.parametrize("every", [1, 4])
+def test_resume_after_crash_continues_exactly(tmp_path, monkeypatch, every):
+    """Crash in phase 7; with a checkpoint every 4 phases the resume restarts after phase 4 and redoes 5–6."""
+    cfg = load_scenario(None, [*SMALL, "budget.iterations=3", "logging.plot=false", f"logging.checkpoint_every={every}"])
     full = run_scenario(cfg, out_root=tmp_path / "a", progress=False)
     real_phase = RTPO.phase
     calls = {"n": 0}
@@ -101,6 +103,7 @@ def test_resume_after_crash_continues_exactly(tmp_path, monkeypatch):
     monkeypatch.setattr(RTPO, "phase", real_phase)
     (run_dir,) = (tmp_path / "b").iterdir()
     assert len(read_metrics(run_dir)) == 6
+    assert pickle.loads((run_dir / "checkpoint.pkl").read_bytes())["progress"]["metric_lines"] == (6 if every == 1 else 4)
     resumed = run_scenario(None, resume=run_dir, progress=False)
     assert _untimed(resumed.metrics) == _untimed(full.metrics)
 

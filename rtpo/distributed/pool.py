@@ -48,8 +48,27 @@ class RolloutWorker(Faulty):
         if version != self.version and version >= 0:
             import ray
 
+            if ref_box[0] is None:
+                raise RuntimeError(f"rollout worker holds weights version {self.version}, needs {version}, and no "
+                                   "object-store copy came with the task")
             self.sampler.load_weights(ray.get(ref_box[0]))
             self.version = version
+        return time.perf_counter() - t0
+
+    # -- collective weight sync (rtpo.distributed.collective) --------------------------------------------
+    def join_weight_group(self, host: str, port: int, rank: int, size: int, epoch: int, backend: str,
+                          timeout_s: float) -> None:
+        from rtpo.distributed.collective import WeightGroupMember
+
+        if getattr(self, "_member", None) is None:
+            self._member = WeightGroupMember()
+        self._member.join(host, port, rank, size, epoch, backend, timeout_s)
+
+    def receive_weights(self, version: int, spec: Any, bucket_bytes: int) -> float:
+        """Receive weights `version` from trainer rank 0 over the weight group and load them."""
+        t0 = time.perf_counter()
+        self.sampler.load_weights(self._member.receive(spec, bucket_bytes))
+        self.version = version
         return time.perf_counter() - t0
 
     def run(self, version: int, ref_box: list, chunk: Chunk) -> RolloutResult:
@@ -69,6 +88,8 @@ class RayRolloutPool(PullPool):
         super().__init__(RolloutWorker, factory, num_workers, prefix="ray", **kw)
         self.version = -1
         self._ref = None  # the current weights' ObjectRef, kept alive while any task may need it
+        self._box: list = [None]  # what tasks carry: [ref]; filled lazily after a collective sync
+        self._provider: Callable[[], RemoteWeights] | None = None
 
     def env_info(self) -> tuple[int, float]:
         return self._ray.get(self.workers[0].env_info.remote())
@@ -77,8 +98,9 @@ class RayRolloutPool(PullPool):
         """Broadcast: one object in the store, every actor loads it (timed: ray/weight_sync_s)."""
         t0 = time.perf_counter()
         self._ref = weights.ref if isinstance(weights, RemoteWeights) else self._ray.put(weights)
+        self._box, self._provider = [self._ref], None
         self.version += 1
-        calls = [(i, w.sync.remote(self.version, [self._ref])) for i, w in enumerate(self.workers)]
+        calls = [(i, w.sync.remote(self.version, self._box)) for i, w in enumerate(self.workers)]
         load_s = []
         for i, ref in calls:
             try:
@@ -92,16 +114,31 @@ class RayRolloutPool(PullPool):
         if load_s:
             self._metrics["ray/weight_load_max_s"] = max(self._metrics.get("ray/weight_load_max_s", 0.0), max(load_s))
 
+    def set_version(self, version: int, provider: Callable[[], RemoteWeights]) -> None:
+        """Every worker already holds weights `version` (a collective sync delivered them); `provider` puts
+        a copy in the object store on demand, for a worker revived later and for current_weights()."""
+        self.version, self._ref, self._box, self._provider = version, None, [None], provider
+
+    def _ensure_ref(self) -> None:
+        if self._ref is None and self._provider is not None:
+            self._ref = self._provider().ref
+            self._box[0] = self._ref  # the same list in-flight submissions of this version carry
+
+    def _revive(self, i: int) -> None:
+        super()._revive(i)
+        self._ensure_ref()  # the new incarnation holds the factory's weights: it catches up from the store
+
     def current_weights(self) -> Any:
         """The weights the workers hold (None before the first load_weights: the factory's own)."""
+        self._ensure_ref()
         return None if self._ref is None else self._ray.get(self._ref)
 
     def run_chunks(self, chunks: Sequence[Chunk]) -> list[RolloutResult]:
         t0 = time.perf_counter()
-        version, box = self.version, [self._ref]
+        version, box = self.version, self._box
         out = self._map(len(chunks), lambda w, c: w.run.remote(version, box, chunks[c]))
         self._add("ray/rollout_s", time.perf_counter() - t0)
         return out
 
     def generate(self, contexts: Ragged, turn: np.ndarray, n: int, seed: int) -> Generation:
-        return self._ray.get(self.workers[0].generate.remote(self.version, [self._ref], contexts, turn, n, seed))
+        return self._ray.get(self.workers[0].generate.remote(self.version, self._box, contexts, turn, n, seed))

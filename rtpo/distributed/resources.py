@@ -23,6 +23,11 @@ class Resources:
     inflight_per_worker:     chunks queued on one rollout actor at a time (1 = pure pull by idle workers).
     max_restarts:            automatic restarts of a dead rollout or tool actor before it is re-created.
     collective_backend:      torch.distributed backend of the trainer group; "auto" = nccl with GPUs, else gloo.
+    weight_sync:             how weights reach the rollout workers after a phase: "object_store" (one
+                             ray.put, every worker fetches it) or "collective" (trainer rank 0 broadcasts
+                             over a weight group with the workers: gloo on CPU, NCCL when both sides hold
+                             GPUs; needs trainer_workers >= 1; see rtpo.distributed.collective).
+    weight_bucket_mb:        collective sync: largest flat buffer per broadcast call.
     """
 
     rollout_workers: int = 2
@@ -36,6 +41,8 @@ class Resources:
     inflight_per_worker: int = 1
     max_restarts: int = 3
     collective_backend: str = "auto"
+    weight_sync: str = "object_store"
+    weight_bucket_mb: float = 256.0
 
     def __post_init__(self) -> None:
         if self.rollout_workers < 1:
@@ -54,6 +61,13 @@ class Resources:
             raise ValueError(f"resources.placement_strategy must be one of {', '.join(_STRATEGIES)}, got {self.placement_strategy!r}")
         if self.collective_backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"resources.collective_backend must be auto, gloo or nccl, got {self.collective_backend!r}")
+        if self.weight_sync not in ("object_store", "collective"):
+            raise ValueError(f"resources.weight_sync must be object_store or collective, got {self.weight_sync!r}")
+        if self.weight_sync == "collective" and self.trainer_workers < 1:
+            raise ValueError("resources.weight_sync: collective needs trainer_workers >= 1 (rank 0 of the trainer "
+                             "group sends the weights)")
+        if self.weight_bucket_mb <= 0:
+            raise ValueError(f"resources.weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
 
     @staticmethod
     def from_dict(data: dict[str, Any] | None) -> Resources:
@@ -81,6 +95,13 @@ class Resources:
         if self.collective_backend != "auto":
             return self.collective_backend
         return "nccl" if self.gpus_per_trainer_worker > 0 else "gloo"
+
+    @property
+    def weight_sync_backend(self) -> str:
+        """The weight group's backend: the trainer's, except that NCCL needs GPUs on the rollout side too."""
+        if self.collective_backend != "auto":
+            return self.collective_backend
+        return "nccl" if self.gpus_per_trainer_worker > 0 and self.gpus_per_rollout_worker > 0 else "gloo"
 
     def bundles(self) -> list[dict[str, float]]:
         """Placement-group bundles in order: rollout workers, trainer ranks, tool workers."""

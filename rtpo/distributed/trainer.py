@@ -70,6 +70,40 @@ class TrainerWorker:
         w = self.learner.weights()
         return [ray.put(w)] if self.rank == 0 else []
 
+    # -- collective weight sync (rtpo.distributed.collective): rank 0 is the weight group's sender --------
+    def weight_store(self, size_hint: int) -> tuple[str, int]:
+        return self._weight_member().serve_store(size_hint)
+
+    def join_weight_group(self, host: str, port: int, rank: int, size: int, epoch: int, backend: str,
+                          timeout_s: float) -> None:
+        self._weight_member().join(host, port, rank, size, epoch, backend, timeout_s)
+
+    def cache_weights(self) -> Any:
+        """Every rank computes weights() (it may be a collective); rank 0 keeps them for send_weights and
+        for a fallback through the object store, and returns their layout."""
+        from rtpo.distributed.collective import spec_of
+
+        w = self.learner.weights()
+        if self.rank != 0:
+            return None
+        self._cached = w
+        return spec_of(w)
+
+    def send_weights(self, bucket_bytes: int) -> float:
+        return self._weight_member().send(self._cached, bucket_bytes)
+
+    def put_cached_weights(self) -> list:
+        import ray
+
+        return [ray.put(self._cached)]
+
+    def _weight_member(self):
+        from rtpo.distributed.collective import WeightGroupMember
+
+        if getattr(self, "_member", None) is None:
+            self._member = WeightGroupMember()
+        return self._member
+
     def teardown(self) -> None:
         import torch.distributed as dist
 
@@ -104,12 +138,15 @@ class RayLearner:
         if self.driven:
             self._serving = [w.serve.remote() for w in self.workers[1:]]
 
-    def _all(self, name: str, *args: Any, method: bool = False) -> list:
-        """Call every rank (SPMD), or rank 0 alone when it drives; results in rank order.
+    def _all(self, name: str, *args: Any, method: bool = False, rank0: bool = False) -> list:
+        """Call every rank (SPMD), or rank 0 alone when it drives (or when rank0 is set); results in rank order.
 
         The serve loops are watched too: a dead serving rank would leave rank 0 blocked in a collective.
         """
-        targets = self.workers if (method or not self.driven) else self.workers[:1]
+        if rank0:
+            targets = self.workers[:1]
+        else:  # (setup runs before `driven` is known, hence the order of this test)
+            targets = self.workers if (method or not self.driven) else self.workers[:1]
         refs = [getattr(w, name).remote(*args) if method else w.call.remote(name, *args) for w in targets]
         pending = list(refs)
         try:
@@ -144,6 +181,19 @@ class RayLearner:
             except self._ray.exceptions.RayActorError as e:
                 raise TrainerFailure(f"trainer rank 0 died during 'weights' ({type(e).__name__})") from None
         return RemoteWeights(self._all("put_weights", method=True)[0][0])
+
+    # -- collective weight sync (driven by rtpo.distributed.collective.CollectiveWeightSync) -------------
+    def weight_store(self, size_hint: int) -> tuple[str, int]:
+        """Rank 0 serves the weight group's store; its (host, port)."""
+        return self._all("weight_store", size_hint, method=True, rank0=True)[0]
+
+    def prepare_broadcast(self) -> Any:
+        """The current weights, computed by the ranks that must take part and kept on rank 0; their WeightSpec."""
+        return self._all("cache_weights", method=True, rank0=self.driven)[0]
+
+    def cached_remote_weights(self) -> RemoteWeights:
+        """Rank 0's last prepared weights as an object-store ref (fallback and catch-up path)."""
+        return RemoteWeights(self._all("put_cached_weights", method=True, rank0=True)[0][0])
 
     def state_dict(self) -> dict:
         return self._all("state_dict")[0]

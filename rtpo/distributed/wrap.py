@@ -52,7 +52,8 @@ class RayRunContext(RunContext):
     """A RunContext whose env/sampler run on a RayRolloutPool and whose learner may be a RayLearner.
 
     sync() sends the trainer's weights to the rollout workers through the object store without a detour
-    through the driver when the learner is a trainer group.
+    through the driver when the learner is a trainer group, or over the weight group when
+    resources.weight_sync is "collective" (weight_sync: a rtpo.distributed.collective.CollectiveWeightSync).
     """
 
     pool: Any = None
@@ -60,10 +61,13 @@ class RayRunContext(RunContext):
     placement: Any = None
     owns_ray: bool = False
     extra: dict = field(default_factory=dict)
+    weight_sync: Any = None
 
     def sync(self) -> None:
         t0 = time.perf_counter()
-        if isinstance(self.learner, RayLearner):
+        if self.weight_sync is not None:
+            self.weight_sync.sync()
+        elif isinstance(self.learner, RayLearner):
             self.sampler.load_weights(self.learner.remote_weights())
         else:
             self.sampler.load_weights(self.learner.weights())
@@ -147,6 +151,10 @@ def wrap_with_ray(
             rng=driver.rng, budget=getattr(driver, "budget", None) or Budget(), pool=pool, tools=tools,
             placement=placement, owns_ray=owns,
         )
+        if res.weight_sync == "collective":
+            from rtpo.distributed.collective import CollectiveWeightSync
+
+            ctx.weight_sync = CollectiveWeightSync(learner, pool, res.weight_sync_backend, res.weight_bucket_mb)
         ctx.extra["ray/rollout_workers"] = float(res.rollout_workers)
         return ctx
     except BaseException:

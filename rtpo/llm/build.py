@@ -79,6 +79,12 @@ class LLMTaskConfig(BaseModel):
                           "thinking included) for flat baselines that train on it (grpo train_context)")
     ops: list[Literal["+", "-", "*"]] = Field(["+", "-", "*"], min_length=1,
                                                 description="arithmetic: operators drawn from")
+    max_context_tokens: int | None = Field(
+        None, ge=1, description="longest turn context c_k (E.3: max prompt 8192); an episode whose next context "
+                                "would be longer ends there (metric context_overflow); null = backend.max_model_len - 1 "
+                                "when that is set, else no limit")
+    drop_overlong: bool = Field(False, description="leave out problems whose prompt alone exceeds max_context_tokens "
+                                                    "(false: such a problem is a config error naming it)")
     answer_parse: Literal["boxed", "last_integer", "last_digit"] = Field(
         "boxed", description="boxed: the last \\boxed{} (paper); last_integer / last_digit: lenient, for tiny "
                              "random models only (without a box, the last integer / digit of the response)")
@@ -170,6 +176,17 @@ class TrackedSampler:
         self.current = weights
 
 
+def context_limit(task: LLMTaskConfig, b: LLMBackendConfig) -> int | None:
+    """The longest c_k a turn may start from: task.max_context_tokens, else max_model_len − 1 (room for
+    at least one response token; the engine cuts longer responses to fit)."""
+    if task.max_context_tokens is None:
+        return None if b.max_model_len is None else b.max_model_len - 1
+    if b.max_model_len is not None and task.max_context_tokens >= b.max_model_len:
+        raise ConfigError(f"task.max_context_tokens: {task.max_context_tokens} leaves no room for a response within "
+                          f"backend.max_model_len={b.max_model_len}")
+    return task.max_context_tokens
+
+
 def _check_model_dir(path: str) -> Path:
     p = Path(path)
     if not (p / "config.json").is_file():
@@ -182,6 +199,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     from rtpo.llm.engines import SamplingConfig
     from rtpo.llm.env import LLMEnv
     from rtpo.llm.learner import LearnerConfig, launch_learner
+    from rtpo.llm.tasks.math import MathTask
 
     b: LLMBackendConfig = cfg.backend
     task: LLMTaskConfig = cfg.task
@@ -192,16 +210,31 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     tokenizer = load_qwen3_tokenizer(str(model_dir))
     train_task, eval_task = load_task(task, "train"), load_task(task, "eval")
 
-    def make_env(t):
+    limit = context_limit(task, b)
+
+    def make_env(t, which):
         try:
-            return LLMEnv(t, tokenizer, context_map=task.context_map, num_turns=task.num_turns,
-                          enable_thinking=task.enable_thinking, system=task.system,
-                          max_calls_per_turn=task.max_calls_per_turn, answer_parse=task.answer_parse,
-                          full_context_map=task.full_context_map)
+            env = LLMEnv(t, tokenizer, context_map=task.context_map, num_turns=task.num_turns,
+                         enable_thinking=task.enable_thinking, system=task.system,
+                         max_calls_per_turn=task.max_calls_per_turn, answer_parse=task.answer_parse,
+                         full_context_map=task.full_context_map, max_context_tokens=limit)
         except (KeyError, ValueError) as e:
             raise ConfigError(f"task: {' '.join(str(e).split())}") from None
+        long = env.check_prompts()
+        if long and not task.drop_overlong:
+            raise ConfigError(f"task.max_context_tokens: {len(long)} of {len(t)} {which} problems have prompts longer "
+                              f"than {limit} tokens (first: item {long[0][0]}, {long[0][1]} tokens); raise the limit "
+                              "or set task.drop_overlong: true")
+        if long:
+            bad = {q for q, _ in long}
+            kept = tuple(item for q, item in enumerate(t.items) if q not in bad)
+            if not kept:
+                raise ConfigError(f"task.drop_overlong: every {which} prompt is longer than {limit} tokens")
+            return make_env(MathTask(t.name, kept), which)
+        return env
 
-    env, eval_env = make_env(train_task), make_env(eval_task)
+    env, eval_env = make_env(train_task, "train"), make_env(eval_task, "eval")
+    train_task, eval_task = env.task, eval_env.task  # without any dropped problems
     stop = tuple(sorted(env.chat.stop_ids))
     sampling = SamplingConfig(temperature=b.temperature, top_p=b.top_p, max_tokens=b.max_tokens, stop_token_ids=stop)
     eval_sampling = SamplingConfig(temperature=b.eval_temperature, top_p=b.eval_top_p, max_tokens=b.max_tokens,

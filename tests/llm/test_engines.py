@@ -169,3 +169,24 @@ def test_more_prompt_tokens_than_one_step_holds(engine):
     b = engine.generate(many, np.zeros(20, np.int64), 2, np.random.default_rng(3))
     assert len(a) == 40
     np.testing.assert_array_equal(a.tokens.values, b.tokens.values)
+
+
+def test_responses_are_cut_to_fit_max_model_len(engine):
+    """context + response never exceeds max_model_len (vLLM would fail the batch); a context that leaves
+    no room is a one-line error naming the setting to change."""
+    saved = engine.max_model_len
+    engine.max_model_len = 512  # the vLLM session engine's own limit; the HF engine follows it here
+    try:
+        rng = np.random.default_rng(3)
+        ctx = Ragged.from_rows([rng.integers(9, 500, size=m) for m in (505, 20)], dtype=np.int64)
+        engine.sampling = SamplingConfig(temperature=0.0, max_tokens=12)
+        gen = engine.generate(ctx, np.zeros(2, np.int64), 1, np.random.default_rng(0))
+        assert gen.tokens.lengths[0] <= 7 and gen.tokens.lengths[1] <= 12
+        engine.sampling = SamplingConfig(temperature=0.0, max_tokens=7)
+        alone = engine.generate(ctx.take(np.array([0])), np.zeros(1, np.int64), 1, np.random.default_rng(0))
+        np.testing.assert_array_equal(gen.tokens[0], alone.tokens[0])
+        full = Ragged.from_rows([rng.integers(9, 500, size=512)], dtype=np.int64)
+        with pytest.raises(ValueError, match="no room for a response within max_model_len=512"):
+            engine.generate(full, np.zeros(1, np.int64), 1, np.random.default_rng(0))
+    finally:
+        engine.max_model_len = saved

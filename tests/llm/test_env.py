@@ -246,3 +246,31 @@ def test_full_history_behind_a_think_stripped_rollout(tok):
             assert np.array_equal(full, b_id.context), (strip_env.chat.decode(full)[-400:],
                                                         ident_env.chat.decode(b_id.context)[-400:])
             assert (b.k == 0) == np.array_equal(full, b.context)  # only c_0 coincides
+
+
+def test_a_context_past_the_limit_ends_the_episode_as_at_the_horizon(tok):
+    """An episode whose next c_k would exceed max_context_tokens ends after the turn (metric
+    context_overflow), scored like a horizon end; without the limit the same turn continues."""
+    call = '<tool_call>\n{"name": "python", "arguments": {"code": "print(\'x\' * 500)"}}\n</tool_call>'
+    free = _env(tok)
+    nxt, out = _one_step(free, call)
+    need = len(free.contexts(nxt)[0])
+    assert not out.done[0]
+    for boxed, reward in (("", 0.0), (" \\boxed{55}", 1.0)):  # a boxed answer beside a tool call still counts
+        env = LLMEnv(TASK, tok, context_map="think_strip", num_turns=3, sandbox=LIMITS, run_tool=CountingTool(),
+                     max_context_tokens=need - 1)
+        nxt, out = _one_step(env, call + boxed)
+        assert out.done[0] and out.reward[0] == reward and out.feedback[0] is None
+        assert env.pop_metrics()["context_overflow"] == 1
+    roomy = LLMEnv(TASK, tok, num_turns=3, sandbox=LIMITS, run_tool=CountingTool(), max_context_tokens=need)
+    _, out = _one_step(roomy, call)
+    assert not out.done[0] and "context_overflow" not in roomy.pop_metrics()
+
+
+def test_a_prompt_past_the_limit_is_named(tok):
+    env = LLMEnv(TASK, tok, num_turns=3, max_context_tokens=10)
+    assert [q for q, _ in env.check_prompts()] == [0, 1]
+    with pytest.raises(ValueError, match=r"query 1 of task 'fixture': its prompt has \d+ tokens, more than max_context_tokens=10"):
+        env.reset(np.array([1]), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="max_context_tokens must be >= 1"):
+        LLMEnv(TASK, tok, max_context_tokens=0)

@@ -201,17 +201,23 @@ def test_save_pretrained_loads_in_transformers_and_vllm(tiny_model_dir, tmp_path
         eng.sampling = saved
 
 
-def test_state_dict_round_trip_resumes_exactly(tiny_model_dir):
+@pytest.mark.parametrize("kl", [0.0, 0.1])
+def test_state_dict_round_trip_resumes_exactly(tiny_model_dir, kl):
+    """With a KL reference the checkpoint leaves the (frozen) reference out; the resumed run still matches."""
+    cfg = LearnerConfig(**{**CFG.__dict__, "kl_reference": kl > 0})
     b1, b2 = make_batch(tiny_model_dir, 5), make_batch(tiny_model_dir, 6)
-    learner = FSDPLearner(tiny_model_dir, CFG)
-    learner.train_step(b1, LossConfig())
+    learner = FSDPLearner(tiny_model_dir, cfg)
+    learner.train_step(b1, LossConfig(kl_coef=kl))
     state = learner.state_dict()
-    learner.train_step(b2, LossConfig())
+    assert state["ref"] is None
+    m2 = learner.train_step(b2, LossConfig(kl_coef=kl))
     expected = learner.weights()
-    resumed = FSDPLearner(tiny_model_dir, CFG)
+    resumed = FSDPLearner(tiny_model_dir, cfg)
     resumed.load_state_dict(state)
     assert resumed.steps == 1
-    resumed.train_step(b2, LossConfig())
+    r2 = resumed.train_step(b2, LossConfig(kl_coef=kl))
+    if kl:
+        assert m2["loss/kl_ref"] > 0 and r2["loss/kl_ref"] == m2["loss/kl_ref"]
     assert_weights_close(resumed.weights(), expected, atol=0)
 
 

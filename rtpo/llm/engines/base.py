@@ -65,6 +65,24 @@ class SamplingConfig:
         return 1.0 if self.greedy else float(self.temperature)
 
 
+def fit_to_model_len(limits: np.ndarray, context_lengths: np.ndarray, max_model_len: int | None) -> np.ndarray:
+    """Per-row response limits cut so that context + response fits the engine's max_model_len.
+
+    A cut response ends unfinished, which the environment counts as a truncated turn; a context that
+    leaves no room at all is the environment's to prevent (LLMEnv max_context_tokens), so it is a
+    one-line error here rather than the engine's own failure deep inside a batch.
+    """
+    limits = np.asarray(limits, dtype=np.int64)
+    if max_model_len is None:
+        return limits
+    room = int(max_model_len) - np.asarray(context_lengths, dtype=np.int64)
+    if room.size and room.min() < 1:
+        i = int(room.argmin())
+        raise ValueError(f"context {i} has {int(context_lengths[i])} tokens, no room for a response within "
+                         f"max_model_len={max_model_len}: set task.max_context_tokens below backend.max_model_len")
+    return np.minimum(limits, room)
+
+
 def check_request(contexts: Ragged, turn: np.ndarray, n: int, vocab_size: int) -> np.ndarray:
     """Validate a generate() request; returns turn as (B,) int64.  One-line errors name the problem."""
     if n < 1:

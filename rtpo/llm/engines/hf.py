@@ -16,7 +16,14 @@ import numpy as np
 import torch
 
 from rtpo.core.types import Generation, Ragged
-from rtpo.llm.engines.base import SamplingConfig, check_request, model_stop_ids, seeds_from, to_generation
+from rtpo.llm.engines.base import (
+    SamplingConfig,
+    check_request,
+    fit_to_model_len,
+    model_stop_ids,
+    seeds_from,
+    to_generation,
+)
 from rtpo.llm.model import load_hf_model
 
 
@@ -42,10 +49,11 @@ class HFEngine:
 
     model_path: folder with config.json and weights (e.g. from rtpo.llm.model.build_tiny_qwen3).
     sampling:   SamplingConfig; the model's EOS ids always stop a turn as well.
+    max_model_len: context + response limit (as vLLM's); None = the model's max_position_embeddings.
     """
 
     def __init__(self, model_path: str | os.PathLike, sampling: SamplingConfig, dtype: torch.dtype = torch.float32,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", max_model_len: int | None = None) -> None:
         self.model_path = str(model_path)
         self.sampling = sampling
         self.device = torch.device(device)
@@ -54,6 +62,7 @@ class HFEngine:
         self.eos_ids = model_stop_ids(model_path)
         self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else (self.eos_ids or [0])[0]
         self.vocab_size = int(cfg.vocab_size)
+        self.max_model_len = max_model_len or getattr(cfg, "max_position_embeddings", None)
 
     @property
     def stop_ids(self) -> list[int]:
@@ -76,7 +85,7 @@ class HFEngine:
         turn = check_request(contexts, turn, n, self.vocab_size)
         cfg = self.sampling
         rows = np.repeat(np.arange(len(contexts)), n)
-        limits = torch.as_tensor(cfg.max_tokens_for(turn)[rows])
+        limits = torch.as_tensor(fit_to_model_len(cfg.max_tokens_for(turn), contexts.lengths, self.max_model_len)[rows])
         if rows.size == 0:
             return to_generation([], [])
         gen = torch.Generator(device="cpu").manual_seed(int(seeds_from(rng, 1)[0]))

@@ -35,7 +35,14 @@ import numpy as np
 import torch
 
 from rtpo.core.types import Generation, Ragged
-from rtpo.llm.engines.base import SamplingConfig, check_request, model_stop_ids, seeds_from, to_generation
+from rtpo.llm.engines.base import (
+    SamplingConfig,
+    check_request,
+    fit_to_model_len,
+    model_stop_ids,
+    seeds_from,
+    to_generation,
+)
 
 
 def _repack_tied_lm_head(worker: Any) -> bool:
@@ -120,6 +127,7 @@ class VLLMEngine:
         self.llm = LLM(**kwargs)
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.vocab_size = int(hf_config.vocab_size)
+        self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.eos_ids = model_stop_ids(self.model_path)
         self.weight_names = _checkpoint_names(self.model_path) | ({"lm_head.weight"} if self.tied else set())
@@ -140,7 +148,7 @@ class VLLMEngine:
         if len(contexts) == 0:
             return to_generation([], [])
         cfg = self.sampling
-        limits = cfg.max_tokens_for(turn)
+        limits = fit_to_model_len(cfg.max_tokens_for(turn), contexts.lengths, self.max_model_len)
         seeds = seeds_from(rng, len(contexts))
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in c]) for c in contexts]
         params = [
