@@ -17,6 +17,7 @@ from rtpo.core.registry import Registry
 
 if TYPE_CHECKING:
     from rtpo.config import ScenarioConfig
+    from rtpo.eval import SampledEval
 
 
 @dataclass
@@ -31,6 +32,8 @@ class BuiltBackend:
     value_key:          the evaluate() metric that is the policy's value (plotted, summarised).
     optimum_key:        the evaluate() metric holding the exact optimum, if the backend knows one.
     reference_keys:     further evaluate() metrics drawn as horizontal lines on the learning curve.
+    sampled_eval:       optional rtpo.eval.SampledEval: the eval environments, the policy at evaluation
+                        sampling settings and those settings, for `rtpo eval` (Pass@k and friends).
     """
 
     ctx: RunContext
@@ -41,6 +44,7 @@ class BuiltBackend:
     value_key: str = "eval/value"
     optimum_key: str | None = None
     reference_keys: tuple[str, ...] = ()
+    sampled_eval: SampledEval | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ Importing this module registers the backend (rtpo.backends).  A tabular scenario
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import os
 import time
 from pathlib import Path
@@ -20,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
 from rtpo.config import BackendConfig, ConfigError, ScenarioConfig, pydantic_error
 from rtpo.core.methods import RunContext
-from rtpo.core.rollout import rollout
+from rtpo.eval import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
 
 
 class LLMBackendConfig(BackendConfig):
@@ -194,6 +196,48 @@ def _check_model_dir(path: str) -> Path:
     return p
 
 
+@contextlib.contextmanager
+def _eval_engine(engine: Any, learner: Any, sampler: TrackedSampler, eval_sampling: Any):
+    """The engine with the learner's current weights at the evaluation sampling settings; afterwards
+    the sampler's own weights and settings are put back (an off-policy method may keep them stale on
+    purpose)."""
+    previous = sampler.current
+    engine.load_weights(learner.weights())
+    saved, engine.sampling = engine.sampling, eval_sampling
+    try:
+        yield engine
+    finally:
+        engine.sampling = saved
+        if previous is not None:
+            engine.load_weights(previous)
+
+
+def sampled_eval_of(b: LLMBackendConfig, task: LLMTaskConfig, env: Any, eval_env: Any, engine: Any, learner: Any,
+                    sampler: TrackedSampler, eval_sampling: Any) -> SampledEval:
+    """The llm backend's part of rtpo.eval: held-out (eval) and training problems, the engine with the
+    learner's weights at eval temperature/top-p, and the settings a report records."""
+    return SampledEval(
+        splits={"eval": EvalSplit(eval_env, len(eval_env.task)), "train": EvalSplit(env, len(env.task))},
+        policy=functools.partial(_eval_engine, engine, learner, sampler, eval_sampling),
+        settings={"engine": b.engine, "temperature": eval_sampling.temperature, "top_p": eval_sampling.top_p,
+                  "max_tokens_per_turn": b.max_tokens, "num_turns": task.num_turns,
+                  "answer_parse": task.answer_parse, "context_map": task.context_map},
+        default_problems=task.eval_queries,
+    )
+
+
+def _evaluate(sampled: SampledEval, env: Any, sampler: TrackedSampler, seed: int) -> dict[str, float]:
+    """The in-run evaluation: Pass@1 and friends (rtpo.eval.in_run_metrics) of the learner's current
+    weights on the first task.eval_queries problems of the eval split, one sample each, drawn with a
+    fixed seed (the same draws every time); plus the training env's counters since the last call and
+    the weight-sync time."""
+    out = {f"env/{k}": float(v) for k, v in env.pop_metrics().items()}
+    num = min(sampled.default_problems, sampled.splits["eval"].num_problems)
+    out.update(in_run_metrics(sampled, np.arange(num, dtype=np.int64), seed + IN_RUN_SEED_OFFSET))
+    out.update({"time/weight_sync_s": sampler.sync_seconds, "time/weight_syncs": float(sampler.syncs)})
+    return out
+
+
 def build(cfg: ScenarioConfig) -> BuiltBackend:
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.engines import SamplingConfig
@@ -267,40 +311,8 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     sampler = TrackedSampler(engine)
     rng = np.random.default_rng(cfg.seed)
     ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng)
-    eval_ids = np.arange(min(task.eval_queries, len(eval_task)), dtype=np.int64)
-
-    def evaluate() -> dict[str, float]:
-        """Pass@1 (mean 0/1 reward) of the learner's current weights on a fixed problem set, with the
-        evaluation sampling settings and a fixed seed (the same draws every time); the sampler's own
-        weights are put back afterwards (an off-policy method may keep them stale on purpose)."""
-        out = {f"env/{k}": float(v) for k, v in env.pop_metrics().items()}
-        previous = sampler.current
-        engine.load_weights(learner.weights())
-        saved, engine.sampling = engine.sampling, eval_sampling
-        try:
-            erng = np.random.default_rng(cfg.seed + 7919)
-            res = rollout(eval_env, engine, eval_env.reset(eval_ids, erng), eval_ids, erng)
-        finally:
-            engine.sampling = saved
-            if previous is not None:
-                engine.load_weights(previous)
-        trajs = res.trajectories
-        m = eval_env.pop_metrics()
-        turns = max(m.get("turns", 0), 1)
-        out.update({
-            "eval/value": float(np.mean([t.ret for t in trajs])),
-            "eval/pass@1": float(np.mean([t.ret > 0 for t in trajs])),
-            "eval/tokens_mean": float(np.mean([t.num_tokens for t in trajs])),
-            "eval/turns_mean": float(np.mean([t.num_turns for t in trajs])),
-            "eval/tool_calls_mean": float(m.get("tool/calls", 0)) / len(trajs),
-            "eval/tool_ok_rate": float(m.get("tool/ok", 0)) / max(m.get("tool/calls", 0), 1),
-            "eval/truncation_rate": float(m.get("truncated_turns", 0)) / turns,
-            "eval/malformed_rate": float(m.get("malformed", 0)) / turns,
-            "time/weight_sync_s": sampler.sync_seconds,
-            "time/weight_syncs": float(sampler.syncs),
-        })
-        return out
-
+    sampled = sampled_eval_of(b, task, env, eval_env, engine, learner, sampler, eval_sampling)
+    evaluate = functools.partial(_evaluate, sampled, env, sampler, cfg.seed)
     return BuiltBackend(
         ctx=ctx,
         evaluate=evaluate,
@@ -308,6 +320,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         load_sampler_state=lambda w: sampler.load_weights(w) if w is not None else None,
         num_queries=len(train_task),
         value_key="eval/value",
+        sampled_eval=sampled,
     )
 
 

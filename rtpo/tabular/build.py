@@ -3,6 +3,7 @@ exact evaluator) and the exact solver behind `rtpo solve`.  Importing this modul
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ from rtpo.config import (
     validate_dataclass,
 )
 from rtpo.core.methods import RunContext
+from rtpo.eval import EvalSplit, SampledEval
 from rtpo.tabular.backend import TabularEnv, TabularEvaluator, TabularLearner, TabularSampler
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import LogLinear, SoftmaxTable, TabularPolicy
@@ -107,6 +109,18 @@ def assemble(cfg: ScenarioConfig, mdp: TurnMDP, policy: TabularPolicy, env: Any)
     sampler = _RecordingSampler(policy, params)
     ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng)
     evaluator = TabularEvaluator(mdp, policy)
+
+    @contextlib.contextmanager
+    def eval_policy():
+        # a sampler of its own with the learner's weights: the training sampler (whose weights may lag
+        # on purpose in off-policy methods) is never touched
+        yield TabularSampler(policy, learner.weights())
+
+    # a tabular episode draws its start state, so a "problem" is one draw and ids are not a fixed set;
+    # the policy is sampled as it is (no temperature or nucleus), success = return > 0
+    sampled = SampledEval(splits={"eval": EvalSplit(env, None), "train": EvalSplit(env, None)},
+                          policy=eval_policy, settings={"temperature": 1.0, "top_p": 1.0},
+                          default_problems=1024, exact=lambda: evaluator(learner))
     return BuiltBackend(
         ctx=ctx,
         evaluate=lambda: evaluator(learner),
@@ -116,6 +130,7 @@ def assemble(cfg: ScenarioConfig, mdp: TurnMDP, policy: TabularPolicy, env: Any)
         value_key="eval/value",
         optimum_key="eval/v_star",
         reference_keys=("eval/v_star_psi",),
+        sampled_eval=sampled,
     )
 
 
