@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,14 @@ class LearnerConfig:
     param_dtype:        dtype the weights are stored and trained in ("float32" on CPU).
     mixed_precision:    compute dtype under FSDP2's MixedPrecisionPolicy ("bfloat16" on GPUs); None = off.
     gradient_checkpointing: recompute activations in backward (long contexts on GPUs).
+    reuse_ratio_forward: `logprobs` keeps its forward pass (with its autograd graph) when the batch is one
+                        micro-batch per rank, and the next `train_step` on the same rows at the same
+                        weights back-propagates through it instead of running that forward again: the
+                        rollout/train ratio pass before a single-step PPO update costs no extra forward.
+                        The graph held is the one the train step builds anyway (micro_batch_tokens bounds it).
+    cache_weights:      `weights` returns the same snapshot while the parameters are unchanged (no second
+                        gather) and tags it with the learner's version, so an engine can skip reloading
+                        weights it already holds (RTPO's first phase syncs the θ its trunks ran under).
     """
 
     lr: float = 1e-6
@@ -61,6 +70,8 @@ class LearnerConfig:
     param_dtype: str = "float32"
     mixed_precision: str | None = None
     gradient_checkpointing: bool = False
+    reuse_ratio_forward: bool = True
+    cache_weights: bool = True
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -132,6 +143,24 @@ def _detached(tree: Any) -> Any:
     return tree
 
 
+class WeightsSnapshot(dict):
+    """A full HF-named state dict plus `version`: (learner id, parameter version) of the weights it holds.
+
+    Two snapshots with the same version hold the same values, which lets an engine skip a reload.  The
+    tensors are shared by every caller until the parameters change: treat them as read-only."""
+
+    version: tuple[str, int] | None = None
+
+
+def _same_rows(a: TurnBatch, b: TurnBatch) -> bool:
+    """Whether a forward pass over a and over b is the same computation (same contexts, responses, plan)."""
+    if a is b:
+        return True
+    pairs = ((a.contexts.offsets, b.contexts.offsets), (a.tokens.offsets, b.tokens.offsets),
+             (a.contexts.values, b.contexts.values), (a.tokens.values, b.tokens.values), (a.seq_id, b.seq_id))
+    return all(x.shape == y.shape and np.array_equal(x, y) for x, y in pairs)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -184,6 +213,12 @@ class FSDPLearner:
         self.vocab_size = int(self.model.config.vocab_size)
         self.steps = 0
         self._workers: list[Any] = []
+        # fast-path state (LearnerConfig.reuse_ratio_forward / cache_weights): the parameter version
+        # moves on every optimiser step and state load, and keys both caches
+        self._uid = uuid.uuid4().hex
+        self._version = 0
+        self._weights_cache: WeightsSnapshot | None = None
+        self._fwd_cache: tuple[int, TurnBatch, torch.Tensor] | None = None
 
     # -- setup -----------------------------------------------------------------------------------
     def _init_process_group(self) -> None:
@@ -275,11 +310,17 @@ class FSDPLearner:
     def _do_logprobs(self, batch: TurnBatch) -> Ragged | None:
         plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
         mine = []
-        with torch.no_grad():
+        self._fwd_cache = None
+        # one micro-batch per rank (the same on every rank: the plan is deterministic): keep the graph
+        # for a train step on these rows at these weights (LearnerConfig.reuse_ratio_forward)
+        keep = self.cfg.reuse_ratio_forward and len(plan[self.rank]) == 1
+        with torch.set_grad_enabled(keep):
             for rows in plan[self.rank]:
                 lp = self._token_logp(self.model, batch, rows)
+                if keep:
+                    self._fwd_cache = (self._version, batch, lp)
                 if rows.size:
-                    mine.append((rows, lp.double().cpu().numpy()))
+                    mine.append((rows, lp.detach().double().cpu().numpy()))
         parts = self._gather(mine)
         if self.rank != 0:
             return None
@@ -314,9 +355,13 @@ class FSDPLearner:
         sums: dict[str, float] = {}
         self.opt.zero_grad(set_to_none=True)
         micro = plan[self.rank]
+        cached, self._fwd_cache = self._fwd_cache, None
+        reuse = (cached is not None and len(micro) == 1 and cached[0] == self._version
+                 and _same_rows(cached[1], batch))
         for m, rows in enumerate(micro):
             self.model.set_requires_gradient_sync(m == len(micro) - 1)
-            logp = self._token_logp(self.model, batch, rows)
+            # the ratio pass's forward at these very weights and rows is this forward: reuse its graph
+            logp = cached[2] if reuse else self._token_logp(self.model, batch, rows)
             if rows.size == 0:
                 (logp.sum() * 0.0).backward()
                 continue
@@ -341,6 +386,7 @@ class FSDPLearner:
         grad_norm = self._clip_and_norm()
         self.opt.step()
         self.steps += 1
+        self._version += 1
         keys = sorted(sums) if self.rank == 0 else None
         keys = self._broadcast(keys) if self.world_size > 1 else keys
         vec = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
@@ -366,8 +412,18 @@ class FSDPLearner:
     def _do_weights(self, _: Any = None) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        cache = self._weights_cache
+        if self.cfg.cache_weights and cache is not None and cache.version == (self._uid, self._version):
+            return cache  # unchanged parameters: every rank takes this branch together (versions move in step)
+        self._weights_cache = None
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return _detached(sd) if self.world_size == 1 else sd  # more ranks: already gathered copies
+        sd = _detached(sd) if self.world_size == 1 else sd  # more ranks: already gathered copies
+        if not self.cfg.cache_weights:
+            return sd
+        snap = WeightsSnapshot(sd)
+        snap.version = (self._uid, self._version)
+        self._weights_cache = snap
+        return snap
 
     def state_dict(self) -> dict:
         return self._call("state_dict")
@@ -409,6 +465,8 @@ class FSDPLearner:
             set_model_state_dict(self.ref_model, ref if self.rank == 0 else {}, options=opts)
         steps = self._broadcast(state["steps"] if self.rank == 0 else None) if multi else state["steps"]
         self.steps = int(steps)
+        self._version += 1  # new parameters: cached weights and forward passes no longer hold
+        self._weights_cache, self._fwd_cache = None, None
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path | None:
         """An HF-format checkpoint (config, safetensors, tokenizer) loadable by vLLM and transformers."""

