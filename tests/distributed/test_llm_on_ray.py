@@ -154,6 +154,15 @@ def ray_run(ray_cluster, models):
 
 
 @pytest.fixture(scope="module")
+def ray_collective_run(ray_cluster, models):
+    """The same Ray run with resources.weight_sync=collective: trainer rank 0 of the FSDP group broadcasts
+    the gathered weights to the HF rollout actors over a gloo weight group instead of the object store."""
+    run = _iteration(_cfg(models, "ray", "resources.weight_sync=collective"))
+    assert not _gone(run.pids), "Ray actor processes outlived ctx.shutdown()"
+    return run
+
+
+@pytest.fixture(scope="module")
 def sharded_run(models):
     return _iteration(_cfg(models, "sharded"))
 
@@ -163,9 +172,12 @@ def plain_run(models):
     return _iteration(_cfg(models, "none"))
 
 
-def test_ray_iteration_reproduces_the_single_process_sharded_backend(ray_run, sharded_run):
-    """Trunks, siblings, returns and every phase's metrics of the Ray run equal the one-process run with the
-    same per-chunk streams; the 2-rank group's weights equal the 1-process learner's within WEIGHT_ATOL."""
+@pytest.mark.parametrize("which", ["ray_run", "ray_collective_run"])
+def test_ray_iteration_reproduces_the_single_process_sharded_backend(which, request, sharded_run):
+    """Trunks, siblings, returns and every phase's metrics of the Ray run (weights synced through the object
+    store, or over the collective weight group) equal the one-process run with the same per-chunk streams;
+    the 2-rank group's weights equal the 1-process learner's within WEIGHT_ATOL."""
+    ray_run = request.getfixturevalue(which)
     cfg = _cfg(Path("unused"), "ray")
     k = cfg.task.num_turns
     assert len(ray_run.rollouts) == len(sharded_run.rollouts) == 1 + k  # trunks + one sibling rollout per phase
@@ -201,6 +213,10 @@ def test_ray_iteration_reproduces_the_single_process_sharded_backend(ray_run, sh
                 assert pa[key] == pytest.approx(pb[key], abs=METRIC_ATOL), key
         if "train/steps" in pa:
             assert pa["ray/weight_syncs"] >= 1 and pa["ray/worker_failures"] == 0
+        assert "ray/weight_sync_fallbacks" not in pa
+    if which == "ray_collective_run":
+        assert sum(p.get("ray/weight_group_forms", 0) for p in ray_run.phases) == 1
+        assert all(p.get("ray/weight_broadcast_s", 0) > 0 for p in ray_run.phases if p.get("ray/weight_syncs"))
 
     assert set(ray_run.weights) == set(sharded_run.weights)
     diff = np.concatenate([(ray_run.weights[n].double() - sharded_run.weights[n].double()).abs().flatten().numpy()
