@@ -13,11 +13,10 @@ import torch
 
 ray = pytest.importorskip("ray", reason="the distributed extra (ray) is not installed")
 
-from rtpo.distributed import wrap_with_ray  # noqa: E402
 from rtpo.distributed.collective import WeightGroupMember, buckets, spec_of  # noqa: E402
 from rtpo.distributed.resources import Resources  # noqa: E402
 
-from .test_ray_backend import FACTORY, Recorder, _assert_same_rollouts, _iterate, _local_run  # noqa: E402
+from .test_ray_backend import _restart, iterate_like_reference, recorded_ray_ctx  # noqa: E402
 
 
 def _weights():
@@ -86,33 +85,14 @@ def test_collective_needs_a_trainer_group():
 
 @pytest.fixture(scope="module")
 def coll_ctx(ray_cluster):
-    ctx = wrap_with_ray(FACTORY, {"rollout_workers": 2, "trainer_workers": 1, "cpus_per_worker": 0.5,
-                                  "max_restarts": 2, "weight_sync": "collective", "weight_bucket_mb": 0.001})
-    ctx.sampler = Recorder(ctx.sampler)
-    ctx.fresh = (ctx.learner.state_dict(), FACTORY().rng.bit_generator.state)
+    ctx = recorded_ray_ctx(max_restarts=2, weight_sync="collective", weight_bucket_mb=0.001)
     yield ctx
     ctx.shutdown()
 
 
-def _restart(ctx):
-    from rtpo.core import Budget
-
-    state, rng_state = ctx.fresh
-    ctx.learner.load_state_dict(state)
-    ctx.rng = np.random.default_rng()
-    ctx.rng.bit_generator.state = rng_state
-    ctx.sampler.results = []
-    ctx.budget = Budget()
-    ctx.pop_metrics()
-
-
 def test_collective_sync_iteration_equals_the_single_process_backend(coll_ctx):
     _restart(coll_ctx)
-    ref = _local_run()
-    _iterate(coll_ctx)
-    _assert_same_rollouts(ref.sampler.results, coll_ctx.sampler.results)
-    assert np.allclose(ref.learner.weights(), coll_ctx.learner.weights(), rtol=0, atol=1e-12)
-    met = coll_ctx.pop_metrics()
+    met = iterate_like_reference(coll_ctx)
     assert met["ray/weight_syncs"] == 5 and met["ray/weight_broadcast_s"] > 0
     assert "ray/weight_sync_fallbacks" not in met and met["ray/worker_failures"] == 0
     coll_ctx.sync()  # what the catch-up path would give a revived worker is exactly the learner's weights
@@ -125,11 +105,7 @@ def test_a_worker_dying_mid_phase_catches_up_and_the_group_reforms(coll_ctx):
     _restart(coll_ctx)
     forms0 = coll_ctx.weight_sync.epoch
     coll_ctx.pool.arm_fault(0, after_tasks=2)
-    ref = _local_run()
-    _iterate(coll_ctx)
-    _assert_same_rollouts(ref.sampler.results, coll_ctx.sampler.results)
-    assert np.allclose(ref.learner.weights(), coll_ctx.learner.weights(), rtol=0, atol=1e-12)
-    met = coll_ctx.pop_metrics()
+    met = iterate_like_reference(coll_ctx)
     assert met["ray/worker_failures"] == 1 and coll_ctx.weight_sync.epoch == forms0 + 1
     assert "ray/weight_sync_fallbacks" not in met
 
@@ -148,11 +124,7 @@ def test_a_worker_dying_during_a_sync_falls_back_to_the_object_store(coll_ctx):
 
     coll_ctx.weight_sync.sync = killing_sync
     try:
-        ref = _local_run()
-        _iterate(coll_ctx)
+        met = iterate_like_reference(coll_ctx)
     finally:
         coll_ctx.weight_sync.sync = sync
-    _assert_same_rollouts(ref.sampler.results, coll_ctx.sampler.results)
-    assert np.allclose(ref.learner.weights(), coll_ctx.learner.weights(), rtol=0, atol=1e-12)
-    met = coll_ctx.pop_metrics()
     assert met["ray/weight_sync_fallbacks"] == 1

@@ -80,12 +80,28 @@ def _assert_same_rollouts(a, b):
             assert np.allclose(ta.logp.values, tb.logp.values, rtol=0, atol=1e-12)
 
 
-@pytest.fixture(scope="module")
-def ray_ctx(ray_cluster):
-    ctx = wrap_with_ray(FACTORY, {"rollout_workers": 2, "trainer_workers": 1, "cpus_per_worker": 0.5,
-                                  "max_restarts": 1})
+def recorded_ray_ctx(**resources):
+    """A Ray context over FACTORY (2 rollout workers, 1 trainer rank, plus `resources`) whose sampler
+    records every rollout, with the state _restart puts back."""
+    ctx = wrap_with_ray(FACTORY, {"rollout_workers": 2, "trainer_workers": 1, "cpus_per_worker": 0.5, **resources})
     ctx.sampler = Recorder(ctx.sampler)
     ctx.fresh = (ctx.learner.state_dict(), FACTORY().rng.bit_generator.state)
+    return ctx
+
+
+def iterate_like_reference(ctx) -> dict:
+    """One RTPO iteration on ctx; its rollouts and trained weights must equal the single-process
+    reference's.  Returns the iteration's Ray metrics."""
+    ref = _local_run()
+    _iterate(ctx)
+    _assert_same_rollouts(ref.sampler.results, ctx.sampler.results)
+    assert np.allclose(ref.learner.weights(), ctx.learner.weights(), rtol=0, atol=1e-12)
+    return ctx.pop_metrics()
+
+
+@pytest.fixture(scope="module")
+def ray_ctx(ray_cluster):
+    ctx = recorded_ray_ctx(max_restarts=1)
     yield ctx
     ctx.shutdown()
 
@@ -104,12 +120,8 @@ def _restart(ctx):
 def test_ray_rtpo_iteration_equals_the_single_process_backend(ray_ctx):
     """Trunks, every phase's siblings and the trained weights are identical, whichever worker ran what."""
     _restart(ray_ctx)
-    ref = _local_run()
-    _iterate(ray_ctx)
-    _assert_same_rollouts(ref.sampler.results, ray_ctx.sampler.results)
+    met = iterate_like_reference(ray_ctx)
     assert len(ray_ctx.sampler.results) == 1 + 4  # trunks, then one sibling rollout per phase
-    assert np.allclose(ref.learner.weights(), ray_ctx.learner.weights(), rtol=0, atol=1e-12)
-    met = ray_ctx.pop_metrics()
     assert met["ray/weight_syncs"] == 5  # trunks + one per phase (Algorithm 1 step 2.1)
     assert met["ray/weight_sync_s"] > 0 and met["ray/worker_failures"] == 0
     # load balancing: the last phase (boundaries at turn 0, one per trunk) was shared by both workers
@@ -123,11 +135,7 @@ def test_a_rollout_worker_dying_mid_phase_changes_nothing(ray_ctx):
     _restart(ray_ctx)
     pid0 = ray_ctx.pool.pids[0]
     ray_ctx.pool.arm_fault(0, after_tasks=2)
-    ref = _local_run()
-    _iterate(ray_ctx)
-    _assert_same_rollouts(ref.sampler.results, ray_ctx.sampler.results)
-    assert np.allclose(ref.learner.weights(), ray_ctx.learner.weights(), rtol=0, atol=1e-12)
-    met = ray_ctx.pop_metrics()
+    met = iterate_like_reference(ray_ctx)
     assert met["ray/worker_failures"] == 1
     assert ray_ctx.pool.pids[0] != pid0  # a new process, restarted by Ray (max_restarts=1)
     assert "ray/workers_recreated" not in met
