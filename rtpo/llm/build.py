@@ -329,7 +329,7 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
     else:
         from rtpo.llm.engines.hf import HFEngine
 
-        engine = HFEngine(model_dir, sampling)
+        engine = HFEngine(model_dir, sampling, max_model_len=b.max_model_len)
     return _RolloutSide(make_env=make_env, env=env, num_queries=len(train_task), stop=stop, engine=engine)
 
 
