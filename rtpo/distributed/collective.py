@@ -44,13 +44,6 @@ class WeightSpec:
     leaves: tuple[Leaf, ...]
     mapping: bool  # a {name: array} dict, or one bare array
 
-    @property
-    def nbytes(self) -> int:
-        import torch
-
-        return sum(int(np.prod(leaf.shape)) * torch.empty(0, dtype=getattr(torch, leaf.dtype)).element_size()
-                   for leaf in self.leaves)
-
 
 def _as_tensor(x: Any):
     import torch

@@ -139,13 +139,9 @@ class LLMEnv:
             q = int(q)
             if not 0 <= q < len(self.task):
                 raise IndexError(f"query id {q} outside task {self.task.name!r} of {len(self.task)} items")
-            if q not in self._prompts:
-                block = self.chat.prompt_block(self.task[q].question)
-                block.flags.writeable = False
-                self._prompts[q] = block
-            state = ChatState(self._prompts[q], (), self.chat.generation_prompt)
-            if self.max_context_tokens is not None and len(self.psi(state)) > self.max_context_tokens:
-                raise ValueError(f"query {q} of task {self.task.name!r}: its prompt has {len(self.psi(state))} tokens, "
+            state = self._first_state(q)
+            if self.max_context_tokens is not None and (n := len(self.psi(state))) > self.max_context_tokens:
+                raise ValueError(f"query {q} of task {self.task.name!r}: its prompt has {n} tokens, "
                                  f"more than max_context_tokens={self.max_context_tokens}")
             eps.append(ChatEpisode(q, self.task[q], state))
         return eps
@@ -156,14 +152,18 @@ class LLMEnv:
             return []
         out = []
         for q in range(len(self.task)):
-            if q not in self._prompts:
-                block = self.chat.prompt_block(self.task[q].question)
-                block.flags.writeable = False
-                self._prompts[q] = block
-            n = len(self.psi(ChatState(self._prompts[q], (), self.chat.generation_prompt)))
+            n = len(self.psi(self._first_state(q)))
             if n > self.max_context_tokens:
                 out.append((q, n))
         return out
+
+    def _first_state(self, q: int) -> ChatState:
+        """S_0 of problem q; its prompt block is tokenised once and shared (read-only) by every episode."""
+        if q not in self._prompts:
+            block = self.chat.prompt_block(self.task[q].question)
+            block.flags.writeable = False
+            self._prompts[q] = block
+        return ChatState(self._prompts[q], (), self.chat.generation_prompt)
 
     def contexts(self, episodes: Sequence[ChatEpisode]) -> Ragged:
         """c_k = ψ(S_k), the exact ids the sampler sees and the learner trains on."""
