@@ -78,6 +78,15 @@ def state_return_distribution(mdp: TurnMDP, pi: np.ndarray, k: int, s: int, u: i
     return return_distribution(mdp, pi, k, np.array([s]), np.array([1.0]), u)
 
 
+def boundary_laws(mdp: TurnMDP, pi: np.ndarray, k: int):
+    """Every (s, u) at turn k with the return laws a sibling group sees there: yields (s, u, own, same)
+    where own = the law with the turn-k action fixed to u and same = the law from (k, s) under π."""
+    for s in range(mdp.num_states[k]):
+        same = state_return_distribution(mdp, pi, k, s)
+        for u in range(mdp.num_actions):
+            yield s, u, state_return_distribution(mdp, pi, k, s, u), same
+
+
 def initial_return_distribution(mdp: TurnMDP, pi: np.ndarray) -> Dist:
     """Law of the full-episode return R from the initial distribution."""
     s = np.arange(mdp.num_states[0])

@@ -30,15 +30,12 @@ def test_CS1_cross_state_bias_eq12_13(mp, G, data):
     full = exact.initial_return_distribution(mdp, pi)
     mu = float(full[1] @ full[0])
     est = estimators.get("group_mean")
-    for s in range(mdp.num_states[k]):
-        same = exact.state_return_distribution(mdp, pi, k, s)
-        for u in range(mdp.num_actions):
-            own = exact.state_return_distribution(mdp, pi, k, s, u)
-            a_pi = ev.q[k][s, u] - ev.v[k][s]
-            e_same, _ = exact.group_expectation(est, own, same, G - 1)
-            e_cross, _ = exact.group_expectation(est, own, full, G - 1)
-            assert e_same == pytest.approx((G - 1) / G * a_pi, abs=1e-9)
-            assert e_cross - e_same == pytest.approx((G - 1) / G * (ev.v[k][s] - mu), abs=1e-9)
+    for s, u, own, same in exact.boundary_laws(mdp, pi, k):
+        a_pi = ev.q[k][s, u] - ev.v[k][s]
+        e_same, _ = exact.group_expectation(est, own, same, G - 1)
+        e_cross, _ = exact.group_expectation(est, own, full, G - 1)
+        assert e_same == pytest.approx((G - 1) / G * a_pi, abs=1e-9)
+        assert e_cross - e_same == pytest.approx((G - 1) / G * (ev.v[k][s] - mu), abs=1e-9)
 
 
 def test_CS1_rtpo_groups_only_siblings_of_one_boundary_eq7():

@@ -31,13 +31,10 @@ def test_T2a_sibling_coefficient_eq56(mp, G, data):
     k = data.draw(st.integers(0, mdp.num_turns - 1), label="k")
     ev = evaluate(mdp, pi)
     est = estimators.get("sibling_mean")
-    for s in range(mdp.num_states[k]):
-        others = exact.state_return_distribution(mdp, pi, k, s)
-        for u in range(mdp.num_actions):
-            own = exact.state_return_distribution(mdp, pi, k, s, u)
-            mean, _ = exact.group_expectation(est, own, others, G - 2)
-            a_pi = ev.q[k][s, u] - ev.v[k][s]
-            assert mean == pytest.approx((G - 2) / (G - 1) * a_pi, abs=1e-9), (k, s, u)
+    for s, u, own, others in exact.boundary_laws(mdp, pi, k):
+        mean, _ = exact.group_expectation(est, own, others, G - 2)
+        a_pi = ev.q[k][s, u] - ev.v[k][s]
+        assert mean == pytest.approx((G - 2) / (G - 1) * a_pi, abs=1e-9), (k, s, u)
 
 
 @settings(max_examples=15)
@@ -147,15 +144,12 @@ def test_T2d_two_siblings_zero_advantage_eq107(mp, data):
     k = data.draw(st.integers(0, mdp.num_turns - 1), label="k")
     ev = evaluate(mdp, pi)
     est = estimators.get("sibling_mean")
-    for s in range(mdp.num_states[k]):
-        others = exact.state_return_distribution(mdp, pi, k, s)
-        for u in range(mdp.num_actions):
-            own = exact.state_return_distribution(mdp, pi, k, s, u)
-            zero = np.asarray(est(own[0][:, None]))
-            assert np.array_equal(zero, np.zeros_like(zero))  # every outcome, not just the mean
-            mean3, _ = exact.group_expectation(est, own, others, 1)
-            a_pi = ev.q[k][s, u] - ev.v[k][s]
-            assert mean3 == pytest.approx(a_pi / 2, abs=1e-9)
+    for s, u, own, others in exact.boundary_laws(mdp, pi, k):
+        zero = np.asarray(est(own[0][:, None]))
+        assert np.array_equal(zero, np.zeros_like(zero))  # every outcome, not just the mean
+        mean3, _ = exact.group_expectation(est, own, others, 1)
+        a_pi = ev.q[k][s, u] - ev.v[k][s]
+        assert mean3 == pytest.approx(a_pi / 2, abs=1e-9)
 
 
 def test_T2d_rtpo_with_two_siblings_does_not_learn_eq107():
