@@ -32,8 +32,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 def _counters(llm) -> dict[str, float]:
     out = {}
     for m in llm.get_metrics():
-        if m.name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens",
-                      "vllm:generation_tokens"):
+        if m.name in (
+            "vllm:prefix_cache_queries",
+            "vllm:prefix_cache_hits",
+            "vllm:prompt_tokens",
+            "vllm:generation_tokens",
+        ):
             out[m.name.split(":")[1]] = float(getattr(m, "value", 0.0))
     return out
 
@@ -59,8 +63,9 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="rtpo-bench-llm-")
     try:
         tok_dir = qwen3_tokenizer_dir()
-        model_dir = build_tiny_qwen3(Path(tmp) / "m", tokenizer=str(tok_dir), spec=TinyQwen3Spec(vocab_size=151936),
-                                     seed=0, init_std=0.2)
+        model_dir = build_tiny_qwen3(
+            Path(tmp) / "m", tokenizer=str(tok_dir), spec=TinyQwen3Spec(vocab_size=151936), seed=0, init_std=0.2
+        )
         vocab_note = "real Qwen3 vocab (151936 rows)"
     except (FileNotFoundError, OSError, ImportError):
         model_dir = build_tiny_qwen3(Path(tmp) / "m", seed=0, init_std=0.2)
@@ -69,8 +74,9 @@ def main() -> None:
     rng = np.random.default_rng(0)
     vocab = 500
     cfg = SamplingConfig(temperature=0.9, max_tokens=max_tokens)
-    engine = VLLMEngine(model_dir, cfg, seed=0, block_size=32, max_model_len=prompt_len + max_tokens + 64,
-                        kv_cache_gb=1.0)
+    engine = VLLMEngine(
+        model_dir, cfg, seed=0, block_size=32, max_model_len=prompt_len + max_tokens + 64, kv_cache_gb=1.0
+    )
     llm = engine.llm
 
     def contexts(seed: int) -> Ragged:
@@ -80,8 +86,18 @@ def main() -> None:
     def raw_generate(ctx: Ragged, seed: int):
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in c]) for c in ctx]
         seeds = np.random.default_rng(seed).integers(0, 2**31 - 1, len(ctx))
-        params = [SamplingParams(n=siblings, temperature=0.9, max_tokens=max_tokens, logprobs=0, seed=int(s),
-                                 detokenize=False, stop_token_ids=engine.stop_ids) for s in seeds]
+        params = [
+            SamplingParams(
+                n=siblings,
+                temperature=0.9,
+                max_tokens=max_tokens,
+                logprobs=0,
+                seed=int(s),
+                detokenize=False,
+                stop_token_ids=engine.stop_ids,
+            )
+            for s in seeds
+        ]
         outs = llm.generate(prompts, params, use_tqdm=False)
         return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
@@ -121,8 +137,15 @@ def main() -> None:
     t_gen = time.perf_counter() - t0
     b = len(gen)
     adv = Ragged(np.repeat(rng.normal(size=b), gen.tokens.lengths), gen.tokens.offsets)
-    batch = TurnBatch(c.take(np.repeat(np.arange(boundaries), siblings)), gen.tokens, gen.logp, adv, np.arange(b),
-                      np.ones(b), np.zeros(b))
+    batch = TurnBatch(
+        c.take(np.repeat(np.arange(boundaries), siblings)),
+        gen.tokens,
+        gen.logp,
+        adv,
+        np.arange(b),
+        np.ones(b),
+        np.zeros(b),
+    )
     t0 = time.perf_counter()
     lp = learner.logprobs(batch)
     learner.train_step(batch, LossConfig())
@@ -133,8 +156,13 @@ def main() -> None:
     result = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
         "model": f"random tiny Qwen3 (hidden 128, 2 layers), {vocab_note}, fp32, vLLM CPU",
-        "sizes": {"boundaries": boundaries, "siblings_per_boundary": siblings, "prompt_tokens": prompt_len,
-                  "max_tokens": max_tokens, "repeats": repeats},
+        "sizes": {
+            "boundaries": boundaries,
+            "siblings_per_boundary": siblings,
+            "prompt_tokens": prompt_len,
+            "max_tokens": max_tokens,
+            "repeats": repeats,
+        },
         "sibling_generation": {
             "engine_tokens_per_s": ours_tps,
             "raw_vllm_tokens_per_s": raw_tps,
@@ -147,11 +175,18 @@ def main() -> None:
             "prefill_tokens_without_cache": boundaries * siblings * prompt_len,
         },
         "weight_sync": {
-            "gather_s": t_gather, "load_s": t_load, "sync_s": sync, "generate_s": t_gen, "train_s": t_train,
-            "phase_s": t_phase, "sync_share_of_phase": sync / t_phase,
+            "gather_s": t_gather,
+            "load_s": t_load,
+            "sync_s": sync,
+            "generate_s": t_gen,
+            "train_s": t_train,
+            "phase_s": t_phase,
+            "sync_share_of_phase": sync / t_phase,
         },
-        "consistency": {"rollout_train_ratio": float(np.exp(np.mean(lp.values - gen.logp.values))),
-                        "max_abs_log_ratio": float(np.abs(lp.values - gen.logp.values).max())},
+        "consistency": {
+            "rollout_train_ratio": float(np.exp(np.mean(lp.values - gen.logp.values))),
+            "max_abs_log_ratio": float(np.abs(lp.values - gen.logp.values).max()),
+        },
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -63,9 +63,17 @@ CATEGORIES = ("gen_trunk", "gen_sibling", "sync_gather", "sync_load", "ratio_pas
 # (1.6 M parameters in the layers, 0.13 M in the embedding): the transformer layers dominate, as in a
 # real model (Qwen3-1.7B: ~18 % of its parameters in the embedding), at a size 2 shared cores can run.
 SETTINGS: dict[str, dict[str, Any]] = {
-    "bpe512-h256": {"tokenizer": "bpe512",
-                    "spec": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=64)},
+    "bpe512-h256": {
+        "tokenizer": "bpe512",
+        "spec": dict(
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+        ),
+    },
     "qwen3-h128": {"tokenizer": "qwen3", "spec": dict(vocab_size=151936)},
 }
 
@@ -140,8 +148,12 @@ def _model_dir(setting: str, cache: Path, seed: int) -> Path:
 
 def _stats(xs: list[float]) -> dict[str, float]:
     a = np.asarray(xs, np.float64)
-    return {"mean": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0,
-            "min": float(a.min()), "max": float(a.max())}
+    return {
+        "mean": float(a.mean()),
+        "std": float(a.std(ddof=1)) if a.size > 1 else 0.0,
+        "min": float(a.min()),
+        "max": float(a.max()),
+    }
 
 
 def run_setting(args: argparse.Namespace) -> dict:
@@ -156,10 +168,13 @@ def run_setting(args: argparse.Namespace) -> dict:
     cache = Path(args.model_cache)
     model = _model_dir(args.setting, cache, args.seed)
     overrides = [
-        f"backend.model={model}", f"backend.max_tokens={args.max_tokens}",
+        f"backend.model={model}",
+        f"backend.max_tokens={args.max_tokens}",
         f"backend.micro_batch_tokens={args.micro_batch_tokens}",
-        f"task.num_turns={args.turns}", "task.answer_parse=boxed",
-        f"method.G={args.G}", f"budget.queries_per_iteration={args.queries}",
+        f"task.num_turns={args.turns}",
+        "task.answer_parse=boxed",
+        f"method.G={args.G}",
+        f"budget.queries_per_iteration={args.queries}",
         f"task.n={max(64, args.queries * (args.rounds + 1))}",
     ]
     cfg = load_scenario(ROOT / "scenarios/llm/tiny-cpu.yaml", overrides)
@@ -168,8 +183,9 @@ def run_setting(args: argparse.Namespace) -> dict:
     K, Q, G = args.turns, args.queries, args.G
     rtpo_cls, grpo_cls = METHODS.get("rtpo"), METHODS.get("grpo")
     rtpo = rtpo_cls(cfg.method.config)
-    upd = {f: getattr(cfg.method.config, f) for f in ("epochs", "minibatch_size", "clip_eps", "kl_coef",
-                                                       "log_ratio_clip")}
+    upd = {
+        f: getattr(cfg.method.config, f) for f in ("epochs", "minibatch_size", "clip_eps", "kl_coef", "log_ratio_clip")
+    }
     g_a = 1 + (G - 1) * K
     learner = base.learner
     fast_default = {f: getattr(learner.cfg, f) for f in FAST_FLAGS if hasattr(learner.cfg, f)}
@@ -182,16 +198,24 @@ def run_setting(args: argparse.Namespace) -> dict:
 
     clock = Clock()
     env = Timed(base.env, clock, {"*": "env"})
-    sampler = Timed(base.sampler, clock, {"generate": lambda c: "gen_sibling" if c.in_phase else "gen_trunk",
-                                          "load_weights": "sync_load"})
+    sampler = Timed(
+        base.sampler,
+        clock,
+        {"generate": lambda c: "gen_sibling" if c.in_phase else "gen_trunk", "load_weights": "sync_load"},
+    )
     tlearner = Timed(learner, clock, {"weights": "sync_gather", "logprobs": "ratio_pass", "train_step": "train"})
     initial = learner.state_dict()
 
     def iteration(method, round_idx: int, path: str) -> dict:
         set_path(path)
         learner.load_state_dict(initial)  # every arm starts every round from the same θ and optimizer
-        ctx = RunContext(env=env, sampler=sampler, learner=tlearner, rng=np.random.default_rng(args.seed + round_idx),
-                         budget=Budget())
+        ctx = RunContext(
+            env=env,
+            sampler=sampler,
+            learner=tlearner,
+            rng=np.random.default_rng(args.seed + round_idx),
+            budget=Budget(),
+        )
         ids = (round_idx * Q + np.arange(Q)) % built.num_queries
         base.env.pop_metrics()
         clock.reset()
@@ -212,11 +236,21 @@ def run_setting(args: argparse.Namespace) -> dict:
         acc["other"] = total - sum(v for k, v in acc.items() if k != "other")
         cpu["other"] = total_cpu - sum(v for k, v in cpu.items() if k != "other")
         envm = base.env.pop_metrics()
-        return {"total_s": total, "split_s": acc, "cpu_total_s": total_cpu, "split_cpu_s": cpu,
-                "learner_tokens": clock.learner_tokens, "learner_padded_cells": clock.learner_cells, "rollouts": ctx.budget.rollouts, "turns": ctx.budget.turns,
-                "tokens": ctx.budget.tokens, "phases": phases,
-                "engine_loads": getattr(engine, "reloads", base.sampler.syncs) - loads0,
-                "rollout_train_ratio": ratios, "tool_calls": float(envm.get("tool/calls", 0))}
+        return {
+            "total_s": total,
+            "split_s": acc,
+            "cpu_total_s": total_cpu,
+            "split_cpu_s": cpu,
+            "learner_tokens": clock.learner_tokens,
+            "learner_padded_cells": clock.learner_cells,
+            "rollouts": ctx.budget.rollouts,
+            "turns": ctx.budget.turns,
+            "tokens": ctx.budget.tokens,
+            "phases": phases,
+            "engine_loads": getattr(engine, "reloads", base.sampler.syncs) - loads0,
+            "rollout_train_ratio": ratios,
+            "tool_calls": float(envm.get("tool/calls", 0)),
+        }
 
     paths = args.paths.split(",")
     arms: list[tuple[str, str, Any]] = []
@@ -238,8 +272,14 @@ def run_setting(args: argparse.Namespace) -> dict:
         for name, p, m in order:
             records[(name, p)].append(iteration(m, r, p))
 
-    out: dict[str, Any] = {"setting": args.setting, "model": str(model), "G_rtpo": G, "G_grpo_equal_rollouts": g_a,
-                           "G_grpo_equal_tokens": g_b, "paths": {}}
+    out: dict[str, Any] = {
+        "setting": args.setting,
+        "model": str(model),
+        "G_rtpo": G,
+        "G_grpo_equal_rollouts": g_a,
+        "G_grpo_equal_tokens": g_b,
+        "paths": {},
+    }
     for p in paths:
         res: dict[str, Any] = {}
         for name in ("rtpo", "grpo_equal_rollouts", "grpo_equal_tokens"):
@@ -251,8 +291,9 @@ def run_setting(args: argparse.Namespace) -> dict:
                 "cpu_total_s": _stats([x["cpu_total_s"] for x in recs]),
                 "split_cpu_s_mean": {c: float(np.mean([x["split_cpu_s"][c] for x in recs])) for c in CATEGORIES},
                 "learner_tokens": _stats([x["learner_tokens"] for x in recs]),
-                "learner_padding_share": _stats([1 - x["learner_tokens"] / max(x["learner_padded_cells"], 1)
-                                                 for x in recs]),
+                "learner_padding_share": _stats(
+                    [1 - x["learner_tokens"] / max(x["learner_padded_cells"], 1) for x in recs]
+                ),
                 "rollouts": _stats([x["rollouts"] for x in recs]),
                 "turns": _stats([x["turns"] for x in recs]),
                 "tokens": _stats([x["tokens"] for x in recs]),
@@ -276,8 +317,9 @@ def run_setting(args: argparse.Namespace) -> dict:
                 "cpu_time_of_mins": res["rtpo"]["cpu_total_s"]["min"] / res[name]["cpu_total_s"]["min"],
                 "tokens": res["rtpo"]["tokens"]["mean"] / res[name]["tokens"]["mean"],
                 "rollouts": res["rtpo"]["rollouts"]["mean"] / res[name]["rollouts"]["mean"],
-                "extra_s_by_category": {c: res["rtpo"]["split_s_mean"][c] - res[name]["split_s_mean"][c]
-                                        for c in CATEGORIES},
+                "extra_s_by_category": {
+                    c: res["rtpo"]["split_s_mean"][c] - res[name]["split_s_mean"][c] for c in CATEGORIES
+                },
             }
         out["paths"][p] = res
     out["torch_threads"] = torch.get_num_threads()
@@ -302,14 +344,18 @@ def check_result(out: dict, rel_tol: float = 1e-6) -> list[str]:
                         if set(it[split]) != set(CATEGORIES):
                             bad.append(f"{s}/{p}/{name}[{i}]: {split} has categories {sorted(it[split])}")
                         elif abs(sum(it[split].values()) - it[total]) > rel_tol * max(it[total], 1.0):
-                            bad.append(f"{s}/{p}/{name}[{i}]: {split} sums to {sum(it[split].values())}, "
-                                       f"not {total} {it[total]}")
+                            bad.append(
+                                f"{s}/{p}/{name}[{i}]: {split} sums to {sum(it[split].values())}, "
+                                f"not {total} {it[total]}"
+                            )
                     if it["split_s"]["other"] < -1e-3:
                         bad.append(f"{s}/{p}/{name}[{i}]: timed categories overlap (other < 0)")
             rt, ga = res["rtpo"]["per_iteration"], res["grpo_equal_rollouts"]["per_iteration"]
             if len(rt) != len(ga) or any(a["rollouts"] != b["rollouts"] for a, b in zip(rt, ga)):
-                bad.append(f"{s}/{p}: equal-rollout arm generated {[b['rollouts'] for b in ga]} rollouts, "
-                           f"RTPO {[a['rollouts'] for a in rt]}")
+                bad.append(
+                    f"{s}/{p}: equal-rollout arm generated {[b['rollouts'] for b in ga]} rollouts, "
+                    f"RTPO {[a['rollouts'] for a in rt]}"
+                )
             if any(it["phases"] != K for it in rt):
                 bad.append(f"{s}/{p}: RTPO ran {[it['phases'] for it in rt]} phases, not K = {K}")
             ratios = [v for it in rt for v in it["rollout_train_ratio"]]
@@ -320,8 +366,11 @@ def check_result(out: dict, rel_tol: float = 1e-6) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes (< 3 min): 1 query, 1 round, 8 tokens per turn, "
-                                                        "one setting, the `after` path only")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes (< 3 min): 1 query, 1 round, 8 tokens per turn, one setting, the `after` path only",
+    )
     ap.add_argument("--settings", default=None, help=f"comma list of {', '.join(SETTINGS)} (default: bpe512-h256)")
     ap.add_argument("--paths", default=None, help="learner paths to compare: before,after (default) | after (quick)")
     ap.add_argument("--queries", type=int, default=None, help="queries per iteration (default 2; quick 1)")
@@ -333,8 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model-cache", default=str(ROOT / "runs/.models"))
     ap.add_argument("--out", default=str(ROOT / "bench/rtpo_vs_grpo.json"))
-    ap.add_argument("--append", action="store_true", help="keep the other settings already in --out (their own "
-                                                          "config and load are recorded with them)")
+    ap.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the other settings already in --out (their own config and load are recorded with them)",
+    )
     ap.add_argument("--setting", default=None, help=argparse.SUPPRESS)  # child: run this one setting
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -356,11 +408,32 @@ def main(argv: list[str] | None = None) -> int:
     for s in settings:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             child_out = f.name
-        cmd = [sys.executable, __file__, "--setting", s, "--child-out", child_out, "--paths", args.paths,
-               "--queries", str(args.queries), "--G", str(args.G), "--turns", str(args.turns),
-               "--max-tokens", str(args.max_tokens), "--rounds", str(args.rounds),
-               "--micro-batch-tokens", str(args.micro_batch_tokens), "--seed", str(args.seed),
-               "--model-cache", args.model_cache]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--setting",
+            s,
+            "--child-out",
+            child_out,
+            "--paths",
+            args.paths,
+            "--queries",
+            str(args.queries),
+            "--G",
+            str(args.G),
+            "--turns",
+            str(args.turns),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--rounds",
+            str(args.rounds),
+            "--micro-batch-tokens",
+            str(args.micro_batch_tokens),
+            "--seed",
+            str(args.seed),
+            "--model-cache",
+            args.model_cache,
+        ]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
         if proc.returncode != 0:
@@ -369,19 +442,38 @@ def main(argv: list[str] | None = None) -> int:
         results[s] = json.loads(Path(child_out).read_text())
         results[s]["process_wall_s"] = time.perf_counter() - t0
         results[s]["loadavg_1_5_15_before_after"] = [list(load_before), list(os.getloadavg())]
-        results[s]["config"] = {"K": args.turns, "G_rtpo": args.G, "queries_per_iteration": args.queries, "max_tokens_per_turn": args.max_tokens,
-                                "measured_rounds": args.rounds, "paths": args.paths.split(",")}
+        results[s]["config"] = {
+            "K": args.turns,
+            "G_rtpo": args.G,
+            "queries_per_iteration": args.queries,
+            "max_tokens_per_turn": args.max_tokens,
+            "measured_rounds": args.rounds,
+            "paths": args.paths.split(","),
+        }
         os.unlink(child_out)
     if args.append and Path(args.out).is_file():
         results = {**json.loads(Path(args.out).read_text())["settings"], **results}
     out = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "loadavg_1_5_15_before": list(load_before), "loadavg_1_5_15_after": list(os.getloadavg())},
-        "config": {"quick": args.quick, "queries_per_iteration": args.queries, "G_rtpo": args.G, "K": args.turns,
-                   "trunks_per_query": 1, "max_tokens_per_turn": args.max_tokens, "measured_rounds": args.rounds,
-                   "warmup_rounds": 1, "paths": args.paths.split(","), "grpo": "normalised (GRPOConfig.normalize=True)",
-                   "scenario": "scenarios/llm/tiny-cpu.yaml (vLLM, FSDP2 1 gloo rank, kl_coef 0.02, epochs 1)",
-                   "order": "ABBA over rounds, one warm-up round excluded"},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "loadavg_1_5_15_before": list(load_before),
+            "loadavg_1_5_15_after": list(os.getloadavg()),
+        },
+        "config": {
+            "quick": args.quick,
+            "queries_per_iteration": args.queries,
+            "G_rtpo": args.G,
+            "K": args.turns,
+            "trunks_per_query": 1,
+            "max_tokens_per_turn": args.max_tokens,
+            "measured_rounds": args.rounds,
+            "warmup_rounds": 1,
+            "paths": args.paths.split(","),
+            "grpo": "normalised (GRPOConfig.normalize=True)",
+            "scenario": "scenarios/llm/tiny-cpu.yaml (vLLM, FSDP2 1 gloo rank, kl_coef 0.02, epochs 1)",
+            "order": "ABBA over rounds, one warm-up round excluded",
+        },
         "categories": list(CATEGORIES),
         "settings": results,
     }
@@ -394,8 +486,10 @@ def main(argv: list[str] | None = None) -> int:
         for p, res in r["paths"].items():
             for name in ("grpo_equal_rollouts", "grpo_equal_tokens"):
                 x = res[f"ratio_rtpo_over_{name}"]
-                print(f"{s:12s} {p:6s} RTPO/{name}: wall {x['wall_clock']['mean']:.3f} ± {x['wall_clock']['std']:.3f}"
-                      f"  cpu {x['cpu_time']['mean']:.3f} ± {x['cpu_time']['std']:.3f}  tokens {x['tokens']:.3f}  rollouts {x['rollouts']:.3f}")
+                print(
+                    f"{s:12s} {p:6s} RTPO/{name}: wall {x['wall_clock']['mean']:.3f} ± {x['wall_clock']['std']:.3f}"
+                    f"  cpu {x['cpu_time']['mean']:.3f} ± {x['cpu_time']['std']:.3f}  tokens {x['tokens']:.3f}  rollouts {x['rollouts']:.3f}"
+                )
     return 1 if problems else 0
 
 

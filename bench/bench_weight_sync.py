@@ -64,8 +64,9 @@ class BlobFactory:
 def measure(mb: int, mode: str, workers: int, repeats: int) -> dict:
     from rtpo.distributed import wrap_with_ray
 
-    ctx = wrap_with_ray(BlobFactory(mb), {"rollout_workers": workers, "trainer_workers": 1, "cpus_per_worker": 0.5,
-                                          "weight_sync": mode})
+    ctx = wrap_with_ray(
+        BlobFactory(mb), {"rollout_workers": workers, "trainer_workers": 1, "cpus_per_worker": 0.5, "weight_sync": mode}
+    )
     try:
         ctx.sync()  # warm-up: forms the group / first put
         ctx.pop_metrics()
@@ -75,8 +76,11 @@ def measure(mb: int, mode: str, workers: int, repeats: int) -> dict:
             ctx.sync()
             times.append(time.perf_counter() - t0)
         met = ctx.pop_metrics()
-        return {"sync_s_median": statistics.median(times), "sync_s": times,
-                "broadcast_s_mean": met.get("ray/weight_broadcast_s", 0.0) / repeats if mode == "collective" else None}
+        return {
+            "sync_s_median": statistics.median(times),
+            "sync_s": times,
+            "broadcast_s_mean": met.get("ray/weight_broadcast_s", 0.0) / repeats if mode == "collective" else None,
+        }
     finally:
         ctx.shutdown()
 
@@ -91,15 +95,22 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [16] if args.quick else [int(x) for x in args.mb.split(",")]
     repeats = 2 if args.quick else args.repeats
-    out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_1m": os.getloadavg()[0]},
-           "rollout_workers": args.workers, "repeats": repeats, "sizes": {}}
+    out = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_1m": os.getloadavg()[0]},
+        "rollout_workers": args.workers,
+        "repeats": repeats,
+        "sizes": {},
+    }
     for mb in sizes:
         row = {mode: measure(mb, mode, args.workers, repeats) for mode in ("object_store", "collective")}
-        row["ratio_collective_over_object_store"] = (row["collective"]["sync_s_median"]
-                                                     / row["object_store"]["sync_s_median"])
+        row["ratio_collective_over_object_store"] = (
+            row["collective"]["sync_s_median"] / row["object_store"]["sync_s_median"]
+        )
         out["sizes"][f"{mb}MB"] = row
-        print(f"{mb} MB: object store {row['object_store']['sync_s_median']:.3f} s, collective "
-              f"{row['collective']['sync_s_median']:.3f} s, ratio {row['ratio_collective_over_object_store']:.2f}")
+        print(
+            f"{mb} MB: object store {row['object_store']['sync_s_median']:.3f} s, collective "
+            f"{row['collective']['sync_s_median']:.3f} s, ratio {row['ratio_collective_over_object_store']:.2f}"
+        )
     out["machine"]["load_1m_after"] = os.getloadavg()[0]
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 

@@ -67,9 +67,15 @@ def _ratio_stats(train: np.ndarray, rollout: np.ndarray) -> dict[str, float]:
 
 def _batch(contexts: Ragged, gen: Generation, turn: int) -> TurnBatch:
     b = len(gen)
-    return TurnBatch(contexts=contexts, tokens=gen.tokens, old_logp=gen.logp,
-                     advantages=Ragged(np.zeros(gen.tokens.values.size), gen.tokens.offsets),
-                     seq_id=np.arange(b), weight=np.ones(b), turn=np.full(b, turn))
+    return TurnBatch(
+        contexts=contexts,
+        tokens=gen.tokens,
+        old_logp=gen.logp,
+        advantages=Ragged(np.zeros(gen.tokens.values.size), gen.tokens.offsets),
+        seq_id=np.arange(b),
+        weight=np.ones(b),
+        turn=np.full(b, turn),
+    )
 
 
 def measure(env, engine, learner, queries: np.ndarray, turns: int, n: int, scripted: bool, seed: int) -> dict:
@@ -90,24 +96,33 @@ def measure(env, engine, learner, queries: np.ndarray, turns: int, n: int, scrip
         lp_flat = learner.logprobs(_batch(full_rep.take(keep), gen_k, k)).values
         roll = gen_k.logp.values
         all_roll.append(roll), all_rtpo.append(lp_rtpo), all_flat.append(lp_flat)
-        per_turn.append({
-            "turn": k,
-            "responses": int(len(gen_k)),
-            "response_tokens": int(roll.size),
-            "context_tokens_mean_rtpo": float(ck.lengths.mean()),
-            "context_tokens_mean_full": float(full.lengths.mean()),
-            "contexts_identical": bool(all(np.array_equal(ck[i], full[i]) for i in range(len(ck)))),
-            "rtpo": _ratio_stats(lp_rtpo, roll),
-            "flat": _ratio_stats(lp_flat, roll),
-        })
+        per_turn.append(
+            {
+                "turn": k,
+                "responses": int(len(gen_k)),
+                "response_tokens": int(roll.size),
+                "context_tokens_mean_rtpo": float(ck.lengths.mean()),
+                "context_tokens_mean_full": float(full.lengths.mean()),
+                "contexts_identical": bool(all(np.array_equal(ck[i], full[i]) for i in range(len(ck)))),
+                "rtpo": _ratio_stats(lp_rtpo, roll),
+                "flat": _ratio_stats(lp_flat, roll),
+            }
+        )
         if k == turns - 1:
             break
         # advance the trunk: the first sample per boundary (sampled mode) or the scripted turn
         if scripted:
-            rows = [np.asarray(env.chat.ids(SCRIPTED_TURN.format(expr=_expr(e.item.question))).tolist()
-                               + [env.chat.im_end_id], dtype=np.int64) for e in episodes]
-            step_gen = Generation(Ragged.from_rows(rows, dtype=np.int64),
-                                  Ragged.from_rows([np.zeros(r.size) for r in rows], dtype=np.float64))
+            rows = [
+                np.asarray(
+                    env.chat.ids(SCRIPTED_TURN.format(expr=_expr(e.item.question))).tolist() + [env.chat.im_end_id],
+                    dtype=np.int64,
+                )
+                for e in episodes
+            ]
+            step_gen = Generation(
+                Ragged.from_rows(rows, dtype=np.int64),
+                Ragged.from_rows([np.zeros(r.size) for r in rows], dtype=np.float64),
+            )
         else:
             step_gen = gen.take(np.arange(len(episodes)) * n)
         episodes, out = env.step(episodes, step_gen, rng)
@@ -122,10 +137,16 @@ def measure(env, engine, learner, queries: np.ndarray, turns: int, n: int, scrip
     later_flat = np.concatenate([all_flat[t["turn"]] for t in later]) if later else np.zeros(0)
     return {
         "per_turn": per_turn,
-        "all_turns": {"response_tokens": int(roll.size), "rtpo": _ratio_stats(rtpo, roll),
-                      "flat": _ratio_stats(flat, roll)},
-        "turns_ge_1": {"response_tokens": int(later_roll.size), "rtpo": _ratio_stats(later_rtpo, later_roll),
-                       "flat": _ratio_stats(later_flat, later_roll)},
+        "all_turns": {
+            "response_tokens": int(roll.size),
+            "rtpo": _ratio_stats(rtpo, roll),
+            "flat": _ratio_stats(flat, roll),
+        },
+        "turns_ge_1": {
+            "response_tokens": int(later_roll.size),
+            "rtpo": _ratio_stats(later_rtpo, later_roll),
+            "flat": _ratio_stats(later_flat, later_roll),
+        },
         "env_metrics": {k: float(v) for k, v in env.pop_metrics().items()},
     }
 
@@ -144,10 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--temperature", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--init-std", type=float, nargs="+", default=[0.02, 0.2],
-                   help="random init scales of the tiny model, one measurement each (0.02: near-uniform "
-                        "policy, as tiny-cpu.yaml; 0.2: peakier, its next-token distribution depends more on "
-                        "the context). The engine is built once and gets each model's weights by weight sync")
+    p.add_argument(
+        "--init-std",
+        type=float,
+        nargs="+",
+        default=[0.02, 0.2],
+        help="random init scales of the tiny model, one measurement each (0.02: near-uniform "
+        "policy, as tiny-cpu.yaml; 0.2: peakier, its next-token distribution depends more on "
+        "the context). The engine is built once and gets each model's weights by weight sync",
+    )
     p.add_argument("--model-cache", default="runs/.models")
     p.add_argument("--out", default=str(Path(__file__).with_name("llm_mismatch.json")))
     a = p.parse_args(argv)
@@ -167,10 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     task = arithmetic_task(max(a.queries, 8), a.seed, max_operand=20, num_operands=2)
     queries = np.arange(a.queries, dtype=np.int64)
     envs = {
-        "scripted_thinking": LLMEnv(task, tokenizer, "think_strip", num_turns=a.turns, enable_thinking=True,
-                                    max_calls_per_turn=1),
-        "template_empty_think": LLMEnv(task, tokenizer, "think_strip", num_turns=a.turns, enable_thinking=False,
-                                       max_calls_per_turn=1),
+        "scripted_thinking": LLMEnv(
+            task, tokenizer, "think_strip", num_turns=a.turns, enable_thinking=True, max_calls_per_turn=1
+        ),
+        "template_empty_think": LLMEnv(
+            task, tokenizer, "think_strip", num_turns=a.turns, enable_thinking=False, max_calls_per_turn=1
+        ),
     }
     stop = tuple(sorted(envs["scripted_thinking"].chat.stop_ids))
     sampling = SamplingConfig(temperature=a.temperature, top_p=1.0, max_tokens=a.max_tokens, stop_token_ids=stop)
@@ -188,15 +216,16 @@ def main(argv: list[str] | None = None) -> int:
         learner = launch_learner(model_std, LearnerConfig(temperature=a.temperature, micro_batch_tokens=8192))
         engine.load_weights(learner.weights())  # the run's weight sync; a no-op change for the first model
         for name, env in envs.items():
-            results[f"init_std={std:g}/{name}"] = measure(env, engine, learner, queries, a.turns, a.samples,
-                                                          name == "scripted_thinking", a.seed)
+            results[f"init_std={std:g}/{name}"] = measure(
+                env, engine, learner, queries, a.turns, a.samples, name == "scripted_thinking", a.seed
+            )
     out = {
         "what": "rollout/train geometric-mean log-prob ratio exp(mean[logp_train - logp_rollout]) at theta_old; "
-                "rollouts under think_strip; rtpo = learner on the recorded c_k, flat = learner on the full "
-                "history (identity map) of the same boundary",
+        "rollouts under think_strip; rtpo = learner on the recorded c_k, flat = learner on the full "
+        "history (identity map) of the same boundary",
         "engine": a.engine,
         "model": f"tiny-random (2-layer Qwen3, hidden 128, real Qwen3 tokenizer, seed {a.seed}, init_std "
-                 f"{' and '.join(f'{s:g}' for s in a.init_std)})",
+        f"{' and '.join(f'{s:g}' for s in a.init_std)})",
         "temperature": a.temperature,
         "max_tokens": a.max_tokens,
         "queries": a.queries,
@@ -212,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         print(name)
         for t in r["per_turn"]:
-            print(f"  turn {t['turn']}: tokens {t['response_tokens']:4d}  ctx {t['context_tokens_mean_rtpo']:.0f}"
-                  f"/{t['context_tokens_mean_full']:.0f}  rtpo {t['rtpo']['ratio']:.6f}  flat {t['flat']['ratio']:.6f}")
+            print(
+                f"  turn {t['turn']}: tokens {t['response_tokens']:4d}  ctx {t['context_tokens_mean_rtpo']:.0f}"
+                f"/{t['context_tokens_mean_full']:.0f}  rtpo {t['rtpo']['ratio']:.6f}  flat {t['flat']['ratio']:.6f}"
+            )
         print(f"  turns>=1: rtpo {r['turns_ge_1']['rtpo']['ratio']:.6f}  flat {r['turns_ge_1']['flat']['ratio']:.6f}")
     print(f"wrote {a.out} in {out['seconds']:.0f}s")
     return 0

@@ -8,6 +8,12 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 if __name__ == "__main__":
-    args = [str(HERE), "-p", "no:cacheprovider", "--benchmark-enable",
-            f"--benchmark-json={HERE / 'results.json'}", *sys.argv[1:]]
+    args = [
+        str(HERE),
+        "-p",
+        "no:cacheprovider",
+        "--benchmark-enable",
+        f"--benchmark-json={HERE / 'results.json'}",
+        *sys.argv[1:],
+    ]
     raise SystemExit(pytest.main(args))

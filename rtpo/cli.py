@@ -44,29 +44,50 @@ def _parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="rtpo", description="Reverse-Turn Policy Optimization testbed")
     sub = p.add_subparsers(dest="command", metavar="{run,solve,eval,verify,compare}", parser_class=_OneLineParser)
     run = sub.add_parser("run", help="train on a scenario (default: the embedded default scenario)")
-    run.add_argument("args", nargs="*", metavar="[SCENARIO] [key=value ...]",
-                     help="scenario YAML file, then overrides such as method.G=6 budget.iterations=10")
+    run.add_argument(
+        "args",
+        nargs="*",
+        metavar="[SCENARIO] [key=value ...]",
+        help="scenario YAML file, then overrides such as method.G=6 budget.iterations=10",
+    )
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint")
     run.add_argument("--out", metavar="DIR", default="runs", help="folder that receives the run folder (default: runs)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     solve = sub.add_parser("solve", help="exact optimum and recursively optimal policy of a scenario")
     solve.add_argument("args", nargs="+", metavar="SCENARIO [key=value ...]")
-    ev = sub.add_parser("eval", help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy",
-                        description="Sample N episodes per problem from a policy and report Pass@k (unbiased "
-                                    "estimator), mean reward, tokens, turns, tool calls, tool success, "
-                                    "truncation and malformed rates; prints a table and writes JSON.")
-    ev.add_argument("target", metavar="TARGET",
-                    help="a scenario file (its initial policy), a run folder of `rtpo run` or its checkpoint.pkl "
-                         "(the latest checkpoint's policy), or a HF model folder with --scenario")
-    ev.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="scenario overrides as `rtpo run` takes them, e.g. backend.engine=hf task.eval_path=FILE")
+    ev = sub.add_parser(
+        "eval",
+        help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy",
+        description="Sample N episodes per problem from a policy and report Pass@k (unbiased "
+        "estimator), mean reward, tokens, turns, tool calls, tool success, "
+        "truncation and malformed rates; prints a table and writes JSON.",
+    )
+    ev.add_argument(
+        "target",
+        metavar="TARGET",
+        help="a scenario file (its initial policy), a run folder of `rtpo run` or its checkpoint.pkl "
+        "(the latest checkpoint's policy), or a HF model folder with --scenario",
+    )
+    ev.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="scenario overrides as `rtpo run` takes them, e.g. backend.engine=hf task.eval_path=FILE",
+    )
     ev.add_argument("--samples", type=int, metavar="N", help="samples per problem (default: the largest k)")
     ev.add_argument("--k", default="1", metavar="K1,K2,...", help="k values of pass@k (default: 1)")
-    ev.add_argument("--queries", metavar="Q", help="problems to evaluate: a count or 'all' (default: the whole "
-                                                   "split; tabular: 1024 start-state draws)")
+    ev.add_argument(
+        "--queries",
+        metavar="Q",
+        help="problems to evaluate: a count or 'all' (default: the whole split; tabular: 1024 start-state draws)",
+    )
     ev.add_argument("--split", default="eval", choices=("eval", "train"), help="held-out or training problems")
-    ev.add_argument("--seed", type=int, metavar="S", help="sampling seed (default: scenario seed + 7919, the "
-                                                          "seed of the in-run evaluation)")
+    ev.add_argument(
+        "--seed",
+        type=int,
+        metavar="S",
+        help="sampling seed (default: scenario seed + 7919, the seed of the in-run evaluation)",
+    )
     ev.add_argument("--threshold", type=float, metavar="T", help="success = return > T (default: 0)")
     ev.add_argument("--chunk", type=int, metavar="P", help="problems per rollout call (default: all at once)")
     ev.add_argument("--scenario", metavar="FILE", help="with a HF model folder TARGET: the scenario to evaluate it in")
@@ -105,8 +126,10 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     s = result.summary
     line = f"run folder: {result.run_dir}\nfinal value {s['final_value']:.6g}"
     if s["value_over_optimum"] is not None:
-        line += (f" = {s['value_over_optimum']:.4f} x optimum {s['optimum']:.6g}"
-                 f" ({'reached' if s['reached_target'] else 'below'} target {s['target']})")
+        line += (
+            f" = {s['value_over_optimum']:.4f} x optimum {s['optimum']:.6g}"
+            f" ({'reached' if s['reached_target'] else 'below'} target {s['target']})"
+        )
     line += f"; {s['rollouts']} rollouts, {s['wall_s']:.1f} s"
     print(line)
     return 0

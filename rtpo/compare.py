@@ -43,8 +43,15 @@ import numpy as np
 
 USAGE_ERROR = 2
 DEFAULT_METHODS = "rtpo,grpo,seeupo"
-CURVE_KEYS = ("budget/rollouts", "budget/tokens", "eval/value", "eval/v_star", "eval/v_star_psi",
-              "consistency/rollout_train_ratio", "adv/zero_rate")
+CURVE_KEYS = (
+    "budget/rollouts",
+    "budget/tokens",
+    "eval/value",
+    "eval/v_star",
+    "eval/v_star_psi",
+    "consistency/rollout_train_ratio",
+    "adv/zero_rate",
+)
 
 
 @dataclass
@@ -125,8 +132,14 @@ def _plan_budget(cfg, num_turns: int) -> int:
     return int(cfg.budget.iterations * per_query * cfg.budget.queries_per_iteration)
 
 
-def build_jobs(scenario: str | None, method_specs: list[str], seeds: int, overrides: list[str],
-               sweep: tuple[str, list[str]] | None, out_root: Path) -> tuple[list[Job], dict]:
+def build_jobs(
+    scenario: str | None,
+    method_specs: list[str],
+    seeds: int,
+    overrides: list[str],
+    sweep: tuple[str, list[str]] | None,
+    out_root: Path,
+) -> tuple[list[Job], dict]:
     """Every (sweep value, method, seed) run, each config validated before anything runs."""
     from rtpo.config import ConfigError, apply_override, parse_scenario
 
@@ -152,7 +165,9 @@ def build_jobs(scenario: str | None, method_specs: list[str], seeds: int, overri
             apply_override(base, ov)
         if sweep is not None and not sweep[0].startswith("method."):
             apply_override(base, f"{sweep[0]}={point}")
-        point_method_ov = method_ov + ([f"{sweep[0]}={point}"] if sweep is not None and sweep[0].startswith("method.") else [])
+        point_method_ov = method_ov + (
+            [f"{sweep[0]}={point}"] if sweep is not None and sweep[0].startswith("method.") else []
+        )
         base_cfg = parse_scenario(_with_method_overrides(base, base["method"], point_method_ov))
         num_turns = _num_turns(base_cfg)
         budget = _plan_budget(base_cfg, num_turns)
@@ -180,8 +195,9 @@ def build_jobs(scenario: str | None, method_specs: list[str], seeds: int, overri
                     cfg = parse_scenario(d)
                 except ConfigError as e:
                     raise ConfigError(f"--methods {label}: {e}") from None
-                jobs.append(Job(label, name, point, d["seed"], d, str(out_root / "runs"),
-                                getattr(cfg.method.config, "G", None)))
+                jobs.append(
+                    Job(label, name, point, d["seed"], d, str(out_root / "runs"), getattr(cfg.method.config, "G", None))
+                )
     return jobs, {"scenario": stem, "budgets": budgets}
 
 
@@ -258,8 +274,9 @@ def run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
     # fork: a worker starts with rtpo and torch already imported (a spawned one re-imports them, seconds
     # each on a loaded machine); spawn where fork does not exist
     method = "fork" if "fork" in get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context(method),
-                             initializer=_init_worker) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(jobs)), mp_context=get_context(method), initializer=_init_worker
+    ) as pool:
         futures = [pool.submit(run_job, j) for j in jobs]
         for fut in as_completed(futures):
             outcomes.append(fut.result())
@@ -294,18 +311,41 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
     rows = []
     for (point, label), outs in groups.items():
         ok = [o for o in outs if o.summary is not None]
-        row: dict[str, Any] = {"sweep": point, "method": label, "G": outs[0].job.G, "seeds": len(outs),
-                               "failed": [o.error for o in outs if o.error], "per_seed": []}
+        row: dict[str, Any] = {
+            "sweep": point,
+            "method": label,
+            "G": outs[0].job.G,
+            "seeds": len(outs),
+            "failed": [o.error for o in outs if o.error],
+            "per_seed": [],
+        }
         for o in ok:
             s = o.summary
-            row["per_seed"].append({"seed": o.job.seed, "value_over_optimum": s.get("value_over_optimum"),
-                                    "final_value": s.get("final_value"), "reached_target": s.get("reached_target"),
-                                    "zero_advantage_rate": s.get("zero_advantage_rate_mean"),
-                                    "rollout_train_ratio": s.get("rollout_train_ratio_mean"),
-                                    "max_abs_ratio_minus_1": _ratio_dev(o.curve), "rollouts": s.get("rollouts"),
-                                    "tokens": s.get("tokens"), "wall_s": s.get("wall_s"), "run_dir": s.get("run_dir")})
-        for key in ("value_over_optimum", "final_value", "zero_advantage_rate", "rollout_train_ratio",
-                    "max_abs_ratio_minus_1", "rollouts", "tokens", "wall_s"):
+            row["per_seed"].append(
+                {
+                    "seed": o.job.seed,
+                    "value_over_optimum": s.get("value_over_optimum"),
+                    "final_value": s.get("final_value"),
+                    "reached_target": s.get("reached_target"),
+                    "zero_advantage_rate": s.get("zero_advantage_rate_mean"),
+                    "rollout_train_ratio": s.get("rollout_train_ratio_mean"),
+                    "max_abs_ratio_minus_1": _ratio_dev(o.curve),
+                    "rollouts": s.get("rollouts"),
+                    "tokens": s.get("tokens"),
+                    "wall_s": s.get("wall_s"),
+                    "run_dir": s.get("run_dir"),
+                }
+            )
+        for key in (
+            "value_over_optimum",
+            "final_value",
+            "zero_advantage_rate",
+            "rollout_train_ratio",
+            "max_abs_ratio_minus_1",
+            "rollouts",
+            "tokens",
+            "wall_s",
+        ):
             m, h = mean_ci([p[key] for p in row["per_seed"] if p[key] is not None])
             row[key] = {"mean": m, "ci95": h}
         row["reached_target"] = sum(bool(p["reached_target"]) for p in row["per_seed"])
@@ -327,19 +367,42 @@ def _pm(stat: dict, digits: int = 3) -> str:
 def table_markdown(rows: list[dict], meta: dict) -> str:
     sweep_key = meta.get("sweep_key")
     head = ["method"] if sweep_key is None else [sweep_key, "method"]
-    head += ["value/V*", "final value", "reached target", "zero-adv rate", "rollout/train ratio",
-             "max abs(ratio−1)", "rollouts", "tokens", "wall s"]
-    lines = [f"# rtpo compare: {meta['scenario']}", "",
-             f"Command: `{meta['command']}`", "",
-             f"Equal rollout budget per run (SPEC §2.3): {', '.join(f'{v}' for v in meta['budgets'].values())}; "
-             f"{meta['seeds']} seeds; mean ± 95% t-interval over seeds.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head += [
+        "value/V*",
+        "final value",
+        "reached target",
+        "zero-adv rate",
+        "rollout/train ratio",
+        "max abs(ratio−1)",
+        "rollouts",
+        "tokens",
+        "wall s",
+    ]
+    lines = [
+        f"# rtpo compare: {meta['scenario']}",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Equal rollout budget per run (SPEC §2.3): {', '.join(f'{v}' for v in meta['budgets'].values())}; "
+        f"{meta['seeds']} seeds; mean ± 95% t-interval over seeds.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for r in rows:
         cells = [r["method"]] if sweep_key is None else [str(r["sweep"]), r["method"]]
         n_ok = len(r["per_seed"])
-        cells += [_pm(r["value_over_optimum"]), _pm(r["final_value"]), f"{r['reached_target']}/{n_ok}",
-                  _pm(r["zero_advantage_rate"]), _pm(r["rollout_train_ratio"], 4), _pm(r["max_abs_ratio_minus_1"], 4),
-                  _pm(r["rollouts"]), _pm(r["tokens"]), _pm(r["wall_s"], 1)]
+        cells += [
+            _pm(r["value_over_optimum"]),
+            _pm(r["final_value"]),
+            f"{r['reached_target']}/{n_ok}",
+            _pm(r["zero_advantage_rate"]),
+            _pm(r["rollout_train_ratio"], 4),
+            _pm(r["max_abs_ratio_minus_1"], 4),
+            _pm(r["rollouts"]),
+            _pm(r["tokens"]),
+            _pm(r["wall_s"], 1),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     failed = [(r["method"], e) for r in rows for e in r["failed"]]
     if failed:
@@ -358,8 +421,11 @@ def _band(outs: list[Outcome], key: str, grid: np.ndarray, normalise: bool) -> t
 
     ys = []
     for o in outs:
-        pts = [(c["budget/rollouts"], c[key] / c["eval/v_star"] if normalise else c[key])
-               for c in o.curve if key in c and "budget/rollouts" in c and (not normalise or c.get("eval/v_star"))]
+        pts = [
+            (c["budget/rollouts"], c[key] / c["eval/v_star"] if normalise else c[key])
+            for c in o.curve
+            if key in c and "budget/rollouts" in c and (not normalise or c.get("eval/v_star"))
+        ]
         if not pts:
             continue
         x, y = np.array(pts).T
@@ -386,9 +452,10 @@ def write_plots(outcomes: list[Outcome], rows: list[dict], meta: dict, out: Path
     points = list(dict.fromkeys(o.job.sweep for o in ok))
     labels = list(dict.fromkeys(o.job.label for o in ok))
     colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
-    for fname, key, normalise, ylabel in (("curves.png", "eval/value", True, "policy value / V*"),
-                                          ("ratio.png", "consistency/rollout_train_ratio", False,
-                                           "rollout/train ratio (geometric mean)")):
+    for fname, key, normalise, ylabel in (
+        ("curves.png", "eval/value", True, "policy value / V*"),
+        ("ratio.png", "consistency/rollout_train_ratio", False, "rollout/train ratio (geometric mean)"),
+    ):
         fig, axes = plt.subplots(1, len(points), figsize=(5.0 * len(points), 3.8), dpi=100, squeeze=False)
         for ax, point in zip(axes[0], points):
             budget = meta["budgets"][str(point)]
@@ -403,8 +470,13 @@ def write_plots(outcomes: list[Outcome], rows: list[dict], meta: dict, out: Path
                 ax.fill_between(grid, m - h, m + h, color=colors[lab], alpha=0.2, lw=0)
             if normalise:
                 ax.axhline(1.0, color="k", ls="--", lw=1, label="V*")
-                psi = [c["eval/v_star_psi"] / c["eval/v_star"] for o in ok if o.job.sweep == point for c in o.curve
-                       if "eval/v_star_psi" in c and c.get("eval/v_star")]
+                psi = [
+                    c["eval/v_star_psi"] / c["eval/v_star"]
+                    for o in ok
+                    if o.job.sweep == point
+                    for c in o.curve
+                    if "eval/v_star_psi" in c and c.get("eval/v_star")
+                ]
                 if psi and psi[0] < 1 - 1e-9:
                     ax.axhline(psi[0], color="k", ls=":", lw=1, label="V*_ψ")
             else:
@@ -425,7 +497,9 @@ def write_plots(outcomes: list[Outcome], rows: list[dict], meta: dict, out: Path
         by_method: dict[str, list] = {}
         for r in with_g:
             name = r["method"].split(":")[0]
-            by_method.setdefault(name, []).append((r["G"], r["zero_advantage_rate"]["mean"], r["zero_advantage_rate"]["ci95"]))
+            by_method.setdefault(name, []).append(
+                (r["G"], r["zero_advantage_rate"]["mean"], r["zero_advantage_rate"]["ci95"])
+            )
         for i, (name, pts) in enumerate(by_method.items()):
             pts.sort()
             g, m, h = (np.array(x, np.float64) for x in zip(*pts))
@@ -441,14 +515,24 @@ def write_plots(outcomes: list[Outcome], rows: list[dict], meta: dict, out: Path
     if meta.get("sweep_key") is not None:
         fig, ax = plt.subplots(figsize=(5.5, 3.8), dpi=100)
         for lab in labels:
-            pts = [(r["sweep"], r["value_over_optimum"]["mean"], r["value_over_optimum"]["ci95"])
-                   for r in rows if r["method"] == lab and r["per_seed"]]
+            pts = [
+                (r["sweep"], r["value_over_optimum"]["mean"], r["value_over_optimum"]["ci95"])
+                for r in rows
+                if r["method"] == lab and r["per_seed"]
+            ]
             try:
                 xs = [float(p[0]) for p in pts]
             except ValueError:
                 xs = list(range(len(pts)))
-            ax.errorbar(xs, [p[1] for p in pts], yerr=np.nan_to_num([p[2] for p in pts]), marker="o", capsize=3,
-                        label=lab, color=colors[lab])
+            ax.errorbar(
+                xs,
+                [p[1] for p in pts],
+                yerr=np.nan_to_num([p[2] for p in pts]),
+                marker="o",
+                capsize=3,
+                label=lab,
+                color=colors[lab],
+            )
         ax.set_xlabel(meta["sweep_key"])
         ax.set_ylabel("final value / V*")
         ax.grid(alpha=0.3)
@@ -482,7 +566,9 @@ class _OneLineParser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="rtpo compare", description="equal-budget comparison of methods over seeds")
     p.add_argument("args", nargs="*", metavar="[SCENARIO] [key=value ...]")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated method specs (default {DEFAULT_METHODS})")
+    p.add_argument(
+        "--methods", default=DEFAULT_METHODS, help=f"comma-separated method specs (default {DEFAULT_METHODS})"
+    )
     p.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
     p.add_argument("--sweep", metavar="KEY=V1,V2,...", help="repeat the comparison for each value of KEY")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
@@ -519,11 +605,20 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         return _fail(str(e))
     out.mkdir(parents=True, exist_ok=True)
-    meta.update({"command": "rtpo compare " + " ".join(argv), "seeds": ns.seeds,
-                 "sweep_key": sweep[0] if sweep else None,
-                 "order": list(dict.fromkeys((j.sweep, j.label) for j in jobs))})
-    print(f"rtpo compare: {len(jobs)} runs ({len(specs)} methods × {ns.seeds} seeds"
-          + (f" × {len(sweep[1])} values of {sweep[0]}" if sweep else "") + f") -> {out}", flush=True)
+    meta.update(
+        {
+            "command": "rtpo compare " + " ".join(argv),
+            "seeds": ns.seeds,
+            "sweep_key": sweep[0] if sweep else None,
+            "order": list(dict.fromkeys((j.sweep, j.label) for j in jobs)),
+        }
+    )
+    print(
+        f"rtpo compare: {len(jobs)} runs ({len(specs)} methods × {ns.seeds} seeds"
+        + (f" × {len(sweep[1])} values of {sweep[0]}" if sweep else "")
+        + f") -> {out}",
+        flush=True,
+    )
     t0 = time.perf_counter()
 
     def on_done(outcomes: list[Outcome]) -> None:
@@ -534,8 +629,11 @@ def main(argv: list[str]) -> int:
         else:
             v = o.summary.get("value_over_optimum")
             vs = f"value/V* {v:.3f}" if v is not None else f"value {o.summary.get('final_value')}"
-            print(f"  [{len(outcomes)}/{len(jobs)}] {tag}: {vs}, {o.summary.get('rollouts')} rollouts, "
-                  f"{o.summary.get('wall_s', 0):.1f} s", flush=True)
+            print(
+                f"  [{len(outcomes)}/{len(jobs)}] {tag}: {vs}, {o.summary.get('rollouts')} rollouts, "
+                f"{o.summary.get('wall_s', 0):.1f} s",
+                flush=True,
+            )
         write_outputs(outcomes, meta, out, plots=False)  # the table so far, so nothing is lost
 
     outcomes = run_all(jobs, ns.workers, on_done)

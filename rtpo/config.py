@@ -63,8 +63,11 @@ class BackendConfig(Section):
 
     kind: str = Field(description="registered backend: tabular | llm")
     distributed: Literal["none", "sharded", "ray"] = Field(
-        "none", description="in-process | in-process with per-boundary rng streams | Ray workers (rtpo.distributed)")
-    address: str | None = Field(None, description="Ray cluster to join (auto, ray://host:10001); null starts a local one")
+        "none", description="in-process | in-process with per-boundary rng streams | Ray workers (rtpo.distributed)"
+    )
+    address: str | None = Field(
+        None, description="Ray cluster to join (auto, ray://host:10001); null starts a local one"
+    )
 
 
 class BudgetConfig(Section):
@@ -86,8 +89,12 @@ class EvalConfig(Section):
 class LoggingConfig(Section):
     progress: bool = Field(True, description="rich progress bar (only on a terminal)")
     plot: bool = Field(True, description="write learning_curve.png at the end of the run")
-    checkpoint_every: int = Field(1, ge=1, description="phases between checkpoints (the run's last phase always gets "
-                                                       "one); --resume restarts from the latest, dropping later metric lines")
+    checkpoint_every: int = Field(
+        1,
+        ge=1,
+        description="phases between checkpoints (the run's last phase always gets "
+        "one); --resume restarts from the latest, dropping later metric lines",
+    )
 
 
 class MethodSection(BaseModel):
@@ -125,9 +132,15 @@ class ScenarioConfig(BaseModel):
         """The resolved config as plain data; parse_scenario(cfg.to_dict()) == cfg."""
         task = self.task.to_dict() if hasattr(self.task, "to_dict") else self.task.model_dump()
         return {
-            "name": self.name, "seed": self.seed, "backend": self.backend.model_dump(), "task": task,
-            "method": self.method.to_dict(), "budget": self.budget.model_dump(), "train": self.train.model_dump(),
-            "eval": self.eval.model_dump(), "logging": self.logging.model_dump(),
+            "name": self.name,
+            "seed": self.seed,
+            "backend": self.backend.model_dump(),
+            "task": task,
+            "method": self.method.to_dict(),
+            "budget": self.budget.model_dump(),
+            "train": self.train.model_dump(),
+            "eval": self.eval.model_dump(),
+            "logging": self.logging.model_dump(),
             **({"resources": self.resources} if self.resources is not None else {}),
         }
 
@@ -247,8 +260,12 @@ def parse_scenario(data: Any) -> ScenarioConfig:
     backend = validate_model(spec.config, backend_raw, "backend")
     task = spec.parse_task(data["task"])
     sections = {}
-    for key, model in (("budget", BudgetConfig), ("train", TrainConfig), ("eval", EvalConfig),
-                       ("logging", LoggingConfig)):
+    for key, model in (
+        ("budget", BudgetConfig),
+        ("train", TrainConfig),
+        ("eval", EvalConfig),
+        ("logging", LoggingConfig),
+    ):
         sections[key] = validate_model(model, data.get(key) or {}, key)
     resources_raw = data.get("resources")
     if resources_raw is not None:
@@ -260,8 +277,15 @@ def parse_scenario(data: Any) -> ScenarioConfig:
             Resources.from_dict(resources_raw)
         except (ValueError, TypeError) as e:
             raise ConfigError(str(e).splitlines()[0]) from None
-    return ScenarioConfig(name=name, seed=seed, backend=backend, task=task,
-                          method=_method_section(data["method"]), resources=resources_raw, **sections)
+    return ScenarioConfig(
+        name=name,
+        seed=seed,
+        backend=backend,
+        task=task,
+        method=_method_section(data["method"]),
+        resources=resources_raw,
+        **sections,
+    )
 
 
 # -- files and overrides -----------------------------------------------------------------------------

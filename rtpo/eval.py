@@ -138,32 +138,41 @@ class EvalSamples:
         turns = int(self.turns.sum())
         c = self.counters
         calls = None if c is None else float(c.get("tool/calls", 0))
-        out: dict[str, Any] = {f"pass@{k}": mean_pass_at_k(self.successes, self.samples, k)
-                               for k in sorted({1, *ks})}
-        out.update({
-            "success_rate": float(self.success.mean()),
-            "reward_mean": float(self.returns.mean()),
-            "tokens_mean": float(self.tokens.mean()),
-            "turns_mean": float(self.turns.mean()),
-            "tool_calls_mean": None if calls is None else calls / episodes,
-            "tool_ok_rate": None if not calls else float(c.get("tool/ok", 0)) / calls,
-            # a turn is truncated when it hit the token limit before a stop token (LLM env counter)
-            "truncation_rate": (None if c is None or "truncated_turns" not in c
-                                else float(c["truncated_turns"]) / max(turns, 1)),
-            "malformed_rate": float(self.malformed_turns.sum()) / max(turns, 1),
-            # episodes ended because their next context would pass the context limit (LLM env counter)
-            "context_overflow_rate": (None if c is None or "turns" not in c
-                                      else float(c.get("context_overflow", 0)) / episodes),
-            "num_problems": self.num_problems,
-            "samples_per_problem": self.samples,
-            "num_episodes": int(episodes),
-        })
+        out: dict[str, Any] = {f"pass@{k}": mean_pass_at_k(self.successes, self.samples, k) for k in sorted({1, *ks})}
+        out.update(
+            {
+                "success_rate": float(self.success.mean()),
+                "reward_mean": float(self.returns.mean()),
+                "tokens_mean": float(self.tokens.mean()),
+                "turns_mean": float(self.turns.mean()),
+                "tool_calls_mean": None if calls is None else calls / episodes,
+                "tool_ok_rate": None if not calls else float(c.get("tool/ok", 0)) / calls,
+                # a turn is truncated when it hit the token limit before a stop token (LLM env counter)
+                "truncation_rate": (
+                    None if c is None or "truncated_turns" not in c else float(c["truncated_turns"]) / max(turns, 1)
+                ),
+                "malformed_rate": float(self.malformed_turns.sum()) / max(turns, 1),
+                # episodes ended because their next context would pass the context limit (LLM env counter)
+                "context_overflow_rate": (
+                    None if c is None or "turns" not in c else float(c.get("context_overflow", 0)) / episodes
+                ),
+                "num_problems": self.num_problems,
+                "samples_per_problem": self.samples,
+                "num_episodes": int(episodes),
+            }
+        )
         return out
 
 
-def sample_and_score(spec: SampledEval, query_ids: Sequence[int] | np.ndarray, samples: int, seed: int,
-                     split: str = "eval", threshold: float | None = None,
-                     chunk_problems: int | None = None) -> EvalSamples:
+def sample_and_score(
+    spec: SampledEval,
+    query_ids: Sequence[int] | np.ndarray,
+    samples: int,
+    seed: int,
+    split: str = "eval",
+    threshold: float | None = None,
+    chunk_problems: int | None = None,
+) -> EvalSamples:
     """Roll out `samples` episodes per query id with the policy at evaluation settings and score them.
 
     One rollout call per chunk of problems, n = samples (the driver forks n responses at the first step,
@@ -186,7 +195,7 @@ def sample_and_score(spec: SampledEval, query_ids: Sequence[int] | np.ndarray, s
     trajs = []
     with spec.policy() as sampler:
         for lo in range(0, ids.size, step):
-            part = ids[lo:lo + step]
+            part = ids[lo : lo + step]
             trajs += rollout(env, sampler, env.reset(part, rng), part, rng, n=samples).trajectories
     counters = {k: float(v) for k, v in pop().items()} if pop is not None else None
 
@@ -205,10 +214,17 @@ def sample_and_score(spec: SampledEval, query_ids: Sequence[int] | np.ndarray, s
 
 
 # the in-run metric names (metrics.jsonl) of summary keys; eval/value is the runner's value_key
-_IN_RUN_KEYS = {"reward_mean": "eval/value", "pass@1": "eval/pass@1", "tokens_mean": "eval/tokens_mean",
-                "turns_mean": "eval/turns_mean", "tool_calls_mean": "eval/tool_calls_mean",
-                "tool_ok_rate": "eval/tool_ok_rate", "truncation_rate": "eval/truncation_rate",
-                "malformed_rate": "eval/malformed_rate", "context_overflow_rate": "eval/context_overflow_rate"}
+_IN_RUN_KEYS = {
+    "reward_mean": "eval/value",
+    "pass@1": "eval/pass@1",
+    "tokens_mean": "eval/tokens_mean",
+    "turns_mean": "eval/turns_mean",
+    "tool_calls_mean": "eval/tool_calls_mean",
+    "tool_ok_rate": "eval/tool_ok_rate",
+    "truncation_rate": "eval/truncation_rate",
+    "malformed_rate": "eval/malformed_rate",
+    "context_overflow_rate": "eval/context_overflow_rate",
+}
 
 
 def in_run_metrics(spec: SampledEval, query_ids: np.ndarray, seed: int) -> dict[str, float]:
@@ -225,7 +241,7 @@ class EvalTarget:
     """A resolved TARGET: the scenario to build and, for a run, the checkpoint whose policy to load."""
 
     cfg: Any
-    kind: str                       # "scenario" | "run" | "model"
+    kind: str  # "scenario" | "run" | "model"
     path: Path
     run_dir: Path | None = None
     checkpoint: Path | None = None
@@ -286,8 +302,12 @@ def load_checkpoint_policy(checkpoint: Path, learner: Any) -> dict[str, Any]:
         raise ConfigError(f"{checkpoint}: checkpoint version {version} is not {_CKPT_VERSION}")
     learner.load_state_dict(state["learner"])
     prog = state.get("progress", {})
-    return {"path": str(checkpoint), "iteration": prog.get("iteration"), "global_phase": prog.get("global_phase"),
-            "stopped_by": prog.get("stopped_by")}
+    return {
+        "path": str(checkpoint),
+        "iteration": prog.get("iteration"),
+        "global_phase": prog.get("global_phase"),
+        "stopped_by": prog.get("stopped_by"),
+    }
 
 
 def _jsonable(v: Any) -> Any:
@@ -304,9 +324,16 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def evaluate_target(target: EvalTarget, ks: Sequence[int] = (1,), samples: int | None = None,
-                    queries: int | str | None = None, split: str = "eval", seed: int | None = None,
-                    threshold: float | None = None, chunk_problems: int | None = None) -> dict[str, Any]:
+def evaluate_target(
+    target: EvalTarget,
+    ks: Sequence[int] = (1,),
+    samples: int | None = None,
+    queries: int | str | None = None,
+    split: str = "eval",
+    seed: int | None = None,
+    threshold: float | None = None,
+    chunk_problems: int | None = None,
+) -> dict[str, Any]:
     """Build the target's backend, load its policy, sample and score; returns the report (plain data).
 
     samples defaults to max(ks); queries to the whole split (or the backend's default count when the
@@ -341,23 +368,33 @@ def evaluate_target(target: EvalTarget, ks: Sequence[int] = (1,), samples: int |
                 raise ConfigError(f"--queries: {count} > the {size} problems of the {split} split")
         ckpt = load_checkpoint_policy(target.checkpoint, built.ctx.learner) if target.checkpoint else None
         seed = cfg.seed + IN_RUN_SEED_OFFSET if seed is None else int(seed)
-        res = sample_and_score(spec, np.arange(count, dtype=np.int64), samples, seed, split, threshold,
-                               chunk_problems)
+        res = sample_and_score(spec, np.arange(count, dtype=np.int64), samples, seed, split, threshold, chunk_problems)
         exact = spec.exact() if spec.exact is not None else None
     finally:
         getattr(built.ctx, "shutdown", lambda: None)()
-    return _jsonable({
-        "target": {"kind": target.kind, "path": str(target.path),
-                   "run_dir": str(target.run_dir) if target.run_dir else None, "checkpoint": ckpt},
-        "scenario": cfg.name, "backend": cfg.backend.kind, "method": cfg.method.name,
-        "split": split, "seed": seed, "k": ks, "success_threshold": res.threshold,
-        "sampling": dict(spec.settings),
-        **res.summary(ks),
-        "exact": exact,
-        "env_counters": res.counters,
-        "per_problem": {"query_id": res.query_ids.tolist(), "successes": res.successes.tolist()},
-        "wall_s": time.perf_counter() - t0,
-    })
+    return _jsonable(
+        {
+            "target": {
+                "kind": target.kind,
+                "path": str(target.path),
+                "run_dir": str(target.run_dir) if target.run_dir else None,
+                "checkpoint": ckpt,
+            },
+            "scenario": cfg.name,
+            "backend": cfg.backend.kind,
+            "method": cfg.method.name,
+            "split": split,
+            "seed": seed,
+            "k": ks,
+            "success_threshold": res.threshold,
+            "sampling": dict(spec.settings),
+            **res.summary(ks),
+            "exact": exact,
+            "env_counters": res.counters,
+            "per_problem": {"query_id": res.query_ids.tolist(), "successes": res.successes.tolist()},
+            "wall_s": time.perf_counter() - t0,
+        }
+    )
 
 
 def default_out(target: EvalTarget, split: str) -> Path:
@@ -382,11 +419,16 @@ def format_table(report: dict[str, Any]) -> str:
         where += f" (checkpoint: iteration {t['checkpoint']['iteration']}, phase {t['checkpoint']['global_phase']})"
     settings = " ".join(f"{k}={v}" for k, v in report["sampling"].items())
     rows = [(f"pass@{k}", report[f"pass@{k}"]) for k in sorted({1, *report["k"]})]
-    rows += [("mean reward", report["reward_mean"]), ("tokens / episode", report["tokens_mean"]),
-             ("turns / episode", report["turns_mean"]), ("tool calls / episode", report["tool_calls_mean"]),
-             ("tool success rate", report["tool_ok_rate"]), ("truncation rate", report["truncation_rate"]),
-             ("malformed rate", report["malformed_rate"]),
-             ("context overflow rate", report["context_overflow_rate"])]
+    rows += [
+        ("mean reward", report["reward_mean"]),
+        ("tokens / episode", report["tokens_mean"]),
+        ("turns / episode", report["turns_mean"]),
+        ("tool calls / episode", report["tool_calls_mean"]),
+        ("tool success rate", report["tool_ok_rate"]),
+        ("truncation rate", report["truncation_rate"]),
+        ("malformed rate", report["malformed_rate"]),
+        ("context overflow rate", report["context_overflow_rate"]),
+    ]
     if report.get("exact"):
         rows += [(f"exact {k}", v) for k, v in report["exact"].items()]
     width = max(len(name) for name, _ in rows)

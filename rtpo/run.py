@@ -47,13 +47,13 @@ class RunResult:
 class _Progress:
     """The runner's own counters (checkpointed with everything else)."""
 
-    iteration: int = 0          # current (or next) iteration index
-    phase_in_iter: int = 0      # phases of the current iteration already done
-    global_phase: int = 0       # phases done in the whole run
-    metric_lines: int = 0       # lines of metrics.jsonl that belong to completed phases
-    elapsed_s: float = 0.0      # wall time spent in earlier processes of this run
-    it_state: Any = None        # the method's IterationState, None between iterations
-    phases_in_iter: int = 0     # phases the current iteration started with (progress bar only)
+    iteration: int = 0  # current (or next) iteration index
+    phase_in_iter: int = 0  # phases of the current iteration already done
+    global_phase: int = 0  # phases done in the whole run
+    metric_lines: int = 0  # lines of metrics.jsonl that belong to completed phases
+    elapsed_s: float = 0.0  # wall time spent in earlier processes of this run
+    it_state: Any = None  # the method's IterationState, None between iterations
+    phases_in_iter: int = 0  # phases the current iteration started with (progress bar only)
     stopped_by: str | None = None
 
 
@@ -161,8 +161,14 @@ def _make_progress(enabled: bool, total: int):
     console = Console(stderr=True)
     if not console.is_terminal:
         return None
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.1f}/{task.total}"),
-                   TimeElapsedColumn(), console=console, transient=False)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.1f}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
     return bar
 
 
@@ -258,9 +264,14 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, resume, p
                 else:
                     eval_metrics = {}
                 record = {
-                    "iteration": prog.iteration, "phase": prog.phase_in_iter - 1, "global_phase": prog.global_phase,
-                    **phase_metrics, **eval_metrics, **ctx.budget.as_metrics(),
-                    "time/phase_s": phase_s, "time/elapsed_s": prog.elapsed_s + time.perf_counter() - start,
+                    "iteration": prog.iteration,
+                    "phase": prog.phase_in_iter - 1,
+                    "global_phase": prog.global_phase,
+                    **phase_metrics,
+                    **eval_metrics,
+                    **ctx.budget.as_metrics(),
+                    "time/phase_s": phase_s,
+                    "time/elapsed_s": prog.elapsed_s + time.perf_counter() - start,
                 }
                 metrics_file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
                 metrics_file.flush()
@@ -277,8 +288,11 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, resume, p
                 if bar is not None:
                     ratio = _ratio(eval_metrics or last_eval, built)
                     desc = f"{cfg.name} {cfg.method.name}" + (f"  value/opt {ratio:.3f}" if ratio is not None else "")
-                    done = prog.iteration + (prog.phase_in_iter / prog.phases_in_iter
-                                             if prog.it_state is not None and prog.phases_in_iter else 0.0)
+                    done = prog.iteration + (
+                        prog.phase_in_iter / prog.phases_in_iter
+                        if prog.it_state is not None and prog.phases_in_iter
+                        else 0.0
+                    )
                     bar.update(task_id, completed=done, description=desc)
     finally:
         if bar is not None:
@@ -305,23 +319,38 @@ def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: li
     ratio = value / optimum if (value is not None and optimum) else None
     last = metrics[-1] if metrics else {}
     summary = {
-        "scenario": cfg.name, "method": cfg.method.name, "seed": cfg.seed, "run_dir": str(run_dir),
-        "iterations_done": prog.iteration, "phases_done": prog.global_phase, "stopped_by": prog.stopped_by,
-        "final_value": value, "optimum": optimum, "value_over_optimum": ratio,
-        "target": cfg.eval.target, "reached_target": None if ratio is None else bool(ratio >= cfg.eval.target),
-        "rollouts": last.get("budget/rollouts", 0), "tokens": last.get("budget/tokens", 0),
+        "scenario": cfg.name,
+        "method": cfg.method.name,
+        "seed": cfg.seed,
+        "run_dir": str(run_dir),
+        "iterations_done": prog.iteration,
+        "phases_done": prog.global_phase,
+        "stopped_by": prog.stopped_by,
+        "final_value": value,
+        "optimum": optimum,
+        "value_over_optimum": ratio,
+        "target": cfg.eval.target,
+        "reached_target": None if ratio is None else bool(ratio >= cfg.eval.target),
+        "rollouts": last.get("budget/rollouts", 0),
+        "tokens": last.get("budget/tokens", 0),
         "wall_s": prog.elapsed_s,
         "rollout_train_ratio_mean": _mean(metrics, "consistency/rollout_train_ratio"),
         "zero_advantage_rate_mean": _mean(metrics, "adv/zero_rate"),
     }
-    refs = {k: final[k] for k in ((built.optimum_key,) if built.optimum_key else ()) + built.reference_keys
-            if k in final}
+    refs = {
+        k: final[k] for k in ((built.optimum_key,) if built.optimum_key else ()) + built.reference_keys if k in final
+    }
     plot = None
     if cfg.logging.plot:
         from rtpo.plots import learning_curve
 
-        plot = learning_curve(metrics, run_dir / "learning_curve.png", built.value_key, refs,
-                              f"{cfg.name} / {cfg.method.name} / seed {cfg.seed}")
+        plot = learning_curve(
+            metrics,
+            run_dir / "learning_curve.png",
+            built.value_key,
+            refs,
+            f"{cfg.name} / {cfg.method.name} / seed {cfg.seed}",
+        )
     summary["plot"] = plot.name if plot else None
     _atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     _atomic_write_text(run_dir / "summary.md", _summary_md(summary, refs))

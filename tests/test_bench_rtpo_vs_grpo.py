@@ -46,7 +46,9 @@ def test_committed_result_is_consistent(result):
             assert res["rtpo"]["rollouts"]["mean"] == q * g_a == res["grpo_equal_rollouts"]["rollouts"]["mean"]
             for name in ("grpo_equal_rollouts", "grpo_equal_tokens"):
                 ratio = res[f"ratio_rtpo_over_{name}"]
-                assert ratio["rollouts"] == pytest.approx(res["rtpo"]["rollouts"]["mean"] / res[name]["rollouts"]["mean"])
+                assert ratio["rollouts"] == pytest.approx(
+                    res["rtpo"]["rollouts"]["mean"] / res[name]["rollouts"]["mean"]
+                )
                 assert len(res[name]["per_iteration"]) == cfg["measured_rounds"]
 
 
@@ -73,11 +75,26 @@ def test_quick_mode_runs_and_its_accounting_holds(tmp_path):
     accounting is checked, never its timings."""
     pytest.importorskip("vllm")
     out = tmp_path / "quick.json"
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_rtpo_vs_grpo.py"), "--quick", "--out", str(out),
-                           "--model-cache", str(tmp_path / "models")], env=env, capture_output=True, text=True,
-                          timeout=900)
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_rtpo_vs_grpo.py"),
+            "--quick",
+            "--out",
+            str(out),
+            "--model-cache",
+            str(tmp_path / "models"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     bench = _bench()

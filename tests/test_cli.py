@@ -18,8 +18,9 @@ def test_python_dash_m_rtpo_is_the_cli():
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     ok = subprocess.run([sys.executable, "-m", "rtpo", "run", "--help"], env=env, capture_output=True, text=True)
     assert ok.returncode == 0 and "--resume" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "rtpo", "run", "method.G=1"], env=env, capture_output=True, text=True,
-                         cwd=ROOT / "tests")
+    bad = subprocess.run(
+        [sys.executable, "-m", "rtpo", "run", "method.G=1"], env=env, capture_output=True, text=True, cwd=ROOT / "tests"
+    )
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == ["rtpo: error: method.G: must be >= 2 (G-1 >= 1 siblings), got 1"]
 
@@ -54,8 +55,17 @@ def test_resume_of_a_non_run_folder(capsys, tmp_path):
 
 
 def test_run_prints_summary(capsys, tmp_path):
-    rc = cli.main(["run", "budget.iterations=1", "budget.queries_per_iteration=4", "logging.plot=false",
-                   "--out", str(tmp_path), "--no-progress"])
+    rc = cli.main(
+        [
+            "run",
+            "budget.iterations=1",
+            "budget.queries_per_iteration=4",
+            "logging.plot=false",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "run folder:" in out and "x optimum" in out

@@ -61,8 +61,9 @@ def test_jobs_share_one_budget_and_method_overrides_apply_where_they_exist(scena
 
 
 def test_compare_runs_every_method_and_seed_at_equal_budget(scenario, tmp_path, capsys):
-    rc = compare.main([str(scenario), "--methods", "rtpo,grpo:G=4", "--seeds", "2", "--out", str(tmp_path),
-                       "budget.max_rollouts=60"])
+    rc = compare.main(
+        [str(scenario), "--methods", "rtpo,grpo:G=4", "--seeds", "2", "--out", str(tmp_path), "budget.max_rollouts=60"]
+    )
     assert rc == 0
     out = next(tmp_path.glob("compare-tiny-*"))
     payload = json.loads((out / "comparison.json").read_text())
@@ -82,8 +83,21 @@ def test_compare_runs_every_method_and_seed_at_equal_budget(scenario, tmp_path, 
 
 
 def test_sweep_repeats_the_comparison_per_value(scenario, tmp_path):
-    rc = compare.main([str(scenario), "--methods", "rtpo", "--seeds", "1", "--workers", "1", "--out", str(tmp_path),
-                       "--sweep", "method.G=2,3"])
+    rc = compare.main(
+        [
+            str(scenario),
+            "--methods",
+            "rtpo",
+            "--seeds",
+            "1",
+            "--workers",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--sweep",
+            "method.G=2,3",
+        ]
+    )
     assert rc == 0
     out = next(tmp_path.glob("compare-tiny-*"))
     rows = json.loads((out / "comparison.json").read_text())["rows"]
@@ -93,13 +107,16 @@ def test_sweep_repeats_the_comparison_per_value(scenario, tmp_path):
     assert (out / "sweep.png").exists()
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--methods", "nope"], "unknown method 'nope'"),
-    (["--methods", "grpo:bogus=1"], "grpo:bogus=1: method.bogus: unknown key"),
-    (["--seeds", "0"], "--seeds"),
-    (["--sweep", "task.num_turns"], "--sweep"),
-    (["task.num_turns=-1"], "task.num_turns"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--methods", "nope"], "unknown method 'nope'"),
+        (["--methods", "grpo:bogus=1"], "grpo:bogus=1: method.bogus: unknown key"),
+        (["--seeds", "0"], "--seeds"),
+        (["--sweep", "task.num_turns"], "--sweep"),
+        (["task.num_turns=-1"], "task.num_turns"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(scenario, tmp_path, capsys, argv, needle):
     rc = compare.main([str(scenario), "--out", str(tmp_path), *argv])
     err = capsys.readouterr().err.strip()
@@ -108,8 +125,9 @@ def test_bad_input_is_one_line_and_exit_2(scenario, tmp_path, capsys, argv, need
 
 
 def test_rtpo_variants_inherit_the_scenarios_rtpo_settings(scenario, tmp_path):
-    jobs, _ = compare.build_jobs(str(scenario), ["rtpo_offpolicy", "rtpo_sync_kl:kl_threshold=0.1", "seeupo"], 1,
-                                 [], None, tmp_path)
+    jobs, _ = compare.build_jobs(
+        str(scenario), ["rtpo_offpolicy", "rtpo_sync_kl:kl_threshold=0.1", "seeupo"], 1, [], None, tmp_path
+    )
     by = {j.label: j.data["method"] for j in jobs}
     assert by["rtpo_offpolicy"] == {"name": "rtpo_offpolicy", "G": 3, "epochs": 1}
     assert by["rtpo_sync_kl:kl_threshold=0.1"] == {"name": "rtpo_sync_kl", "G": 3, "epochs": 1, "kl_threshold": 0.1}

@@ -47,8 +47,17 @@ def test_expected_scenarios_exist():
 
 
 def test_overrides_are_yaml_scalars():
-    cfg = load_scenario(None, ["method.G=6", "train.lr=1e-3", "task.psi=modulo:3", "budget.max_rollouts=500",
-                               "method.clip_eps_high=null", "name=other"])
+    cfg = load_scenario(
+        None,
+        [
+            "method.G=6",
+            "train.lr=1e-3",
+            "task.psi=modulo:3",
+            "budget.max_rollouts=500",
+            "method.clip_eps_high=null",
+            "name=other",
+        ],
+    )
     assert cfg.method.config.G == 6
     assert cfg.train.lr == 1e-3 and isinstance(cfg.train.lr, float)
     assert cfg.task.psi == "modulo:3"

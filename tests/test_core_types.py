@@ -44,8 +44,17 @@ def test_ragged_rejects_bad_offsets_and_is_read_only():
 def _traj(rewards, durations, gamma=1.0, start=0):
     n = len(rewards)
     one = Ragged.from_dense(np.zeros((n, 1), dtype=np.int64))
-    return Trajectory(one, one, Ragged.from_dense(np.zeros((n, 1))), np.array(rewards, float),
-                      np.array(durations, float), np.zeros(n, bool), query_id=0, start_turn=start, gamma=gamma)
+    return Trajectory(
+        one,
+        one,
+        Ragged.from_dense(np.zeros((n, 1))),
+        np.array(rewards, float),
+        np.array(durations, float),
+        np.zeros(n, bool),
+        query_id=0,
+        start_turn=start,
+        gamma=gamma,
+    )
 
 
 def test_discounted_return_uses_token_durations_eq19():

@@ -54,13 +54,13 @@ def test_pass_at_k_is_non_decreasing_in_k(nc):
 
 
 def test_pass_at_k_edge_cases():
-    assert pass_at_k(10, 0, 1) == 0.0 and pass_at_k(10, 0, 10) == 0.0      # c = 0
-    assert pass_at_k(10, 10, 1) == 1.0 and pass_at_k(10, 10, 7) == 1.0     # c = n
-    assert pass_at_k(10, 1, 10) == 1.0 and pass_at_k(10, 0, 10) == 0.0     # k = n
-    assert pass_at_k(10, 3, 8) == 1.0                                       # n - c < k
+    assert pass_at_k(10, 0, 1) == 0.0 and pass_at_k(10, 0, 10) == 0.0  # c = 0
+    assert pass_at_k(10, 10, 1) == 1.0 and pass_at_k(10, 10, 7) == 1.0  # c = n
+    assert pass_at_k(10, 1, 10) == 1.0 and pass_at_k(10, 0, 10) == 0.0  # k = n
+    assert pass_at_k(10, 3, 8) == 1.0  # n - c < k
     assert pass_at_k(1000, 1, 1) == pytest.approx(1e-3)
     with pytest.raises(ValueError, match=r"k=5 needs at least k samples per problem, got n=4"):
-        pass_at_k(4, 1, 5)                                                  # k > n
+        pass_at_k(4, 1, 5)  # k > n
     with pytest.raises(ValueError, match=r"k must be >= 1"):
         pass_at_k(4, 1, 0)
     with pytest.raises(ValueError, match=r"successes c must be in \[0, n=4\], got c=5"):
@@ -77,10 +77,20 @@ def test_pass_at_k_edge_cases():
 # non-uniform start distribution, so the exact Pass@k = Σ_s init(s)·(1 − (1 − V_0(s))^k) is a real
 # average over start states (a "problem" of the tabular backend is one start-state draw).
 BINARY = {
-    "name": "binary", "seed": 3,
+    "name": "binary",
+    "seed": 3,
     "backend": {"kind": "tabular"},
-    "task": {"kind": "random", "seed": 5, "num_turns": 3, "num_states": 4, "num_actions": 3, "end_prob": 0.3,
-             "terminal_reward_only": True, "bernoulli_rewards": True, "init_scale": 1.0},
+    "task": {
+        "kind": "random",
+        "seed": 5,
+        "num_turns": 3,
+        "num_states": 4,
+        "num_actions": 3,
+        "end_prob": 0.3,
+        "terminal_reward_only": True,
+        "bernoulli_rewards": True,
+        "init_scale": 1.0,
+    },
     "method": {"name": "rtpo", "G": 4},
     "budget": {"iterations": 3, "queries_per_iteration": 16},
     "train": {"lr": 0.5},
@@ -136,9 +146,27 @@ def _check_against_exact(report: dict, exact: dict[int, float]) -> None:
 
 
 def _check_report(report: dict) -> None:
-    for key in ("pass@1", "reward_mean", "success_rate", "tokens_mean", "turns_mean", "tool_calls_mean",
-                "tool_ok_rate", "truncation_rate", "malformed_rate", "num_problems", "samples_per_problem",
-                "num_episodes", "sampling", "per_problem", "seed", "split", "k", "target", "exact"):
+    for key in (
+        "pass@1",
+        "reward_mean",
+        "success_rate",
+        "tokens_mean",
+        "turns_mean",
+        "tool_calls_mean",
+        "tool_ok_rate",
+        "truncation_rate",
+        "malformed_rate",
+        "num_problems",
+        "samples_per_problem",
+        "num_episodes",
+        "sampling",
+        "per_problem",
+        "seed",
+        "split",
+        "k",
+        "target",
+        "exact",
+    ):
         assert key in report, key
     passes = [report[f"pass@{k}"] for k in report["k"]]
     assert passes == sorted(passes)  # non-decreasing in k
@@ -152,8 +180,9 @@ def _check_report(report: dict) -> None:
 def test_eval_of_a_scenario_matches_the_exact_pass_at_k(binary_scenario, tmp_path, capsys):
     from rtpo.config import load_scenario
 
-    report = _eval(capsys, binary_scenario, "--samples", N, "--k", "1,2,4", "--queries", Q,
-                   "--out", tmp_path / "e.json")
+    report = _eval(
+        capsys, binary_scenario, "--samples", N, "--k", "1,2,4", "--queries", Q, "--out", tmp_path / "e.json"
+    )
     _check_report(report)
     assert report["target"]["kind"] == "scenario" and report["target"]["checkpoint"] is None
     assert report["sampling"] == {"temperature": 1.0, "top_p": 1.0}
@@ -182,10 +211,21 @@ def test_eval_of_a_run_folder_loads_the_checkpoint_policy(binary_run, capsys):
     assert abs(exact[1] - _exact_pass_at_k(cfg, None, KS)[1]) > 0.02  # training moved it (0.324 -> 0.350)
     _check_against_exact(report, exact)
     # the checkpoint file itself is a target too, with the same result
-    again = _eval(capsys, binary_run / "checkpoint.pkl", "--samples", N, "--k", "1,2,4", "--queries", Q,
-                  "--out", binary_run / "again.json")
-    assert {k: v for k, v in again.items() if k not in ("wall_s", "target")} == \
-        {k: v for k, v in report.items() if k not in ("wall_s", "target")}
+    again = _eval(
+        capsys,
+        binary_run / "checkpoint.pkl",
+        "--samples",
+        N,
+        "--k",
+        "1,2,4",
+        "--queries",
+        Q,
+        "--out",
+        binary_run / "again.json",
+    )
+    assert {k: v for k, v in again.items() if k not in ("wall_s", "target")} == {
+        k: v for k, v in report.items() if k not in ("wall_s", "target")
+    }
 
 
 def test_same_seed_same_report_other_seed_other_samples(binary_scenario, tmp_path, capsys):
@@ -212,28 +252,54 @@ def test_threshold_flag_defines_success(binary_scenario, tmp_path, capsys):
 
 
 def test_table_is_printed(binary_scenario, tmp_path, capsys):
-    assert cli.main(["eval", str(binary_scenario), "--samples", "2", "--k", "1,2", "--queries", "20",
-                     "--out", str(tmp_path / "x.json")]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                str(binary_scenario),
+                "--samples",
+                "2",
+                "--k",
+                "1,2",
+                "--queries",
+                "20",
+                "--out",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for row in ("pass@1", "pass@2", "mean reward", "tokens / episode", "truncation rate", "exact eval/value"):
         assert row in out, row
     assert f"wrote {tmp_path / 'x.json'}" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["no/such/target"], "rtpo: error: no/such/target: no such scenario file, run folder or checkpoint"),
-    (["{scenario}", "--k", "1,x"], "rtpo: error: --k: must be a comma-separated list of positive integers, got '1,x'"),
-    (["{scenario}", "--k", ""], "rtpo: error: --k: must be a comma-separated list of positive integers, got ''"),
-    (["{scenario}", "--k", "1,8", "--samples", "4"],
-     "rtpo: error: --k: k=8 > --samples 4 (pass@k needs at least k samples per problem)"),
-    (["{scenario}", "--samples", "0"], "rtpo: error: --samples: must be >= 1, got 0"),
-    (["{scenario}", "--queries", "many"], "rtpo: error: --queries: must be a positive integer or 'all', got 'many'"),
-    (["{scenario}", "method.nope=1"], "rtpo: error: method.nope: unknown key"),
-    (["{scenario}", "colour.x=1"], "rtpo: error: colour: unknown key"),
-    (["{empty_run}"], "rtpo: error: {empty_run}: run folder without a checkpoint"),
-    (["{tmp}"], "rtpo: error: {tmp}: neither a run folder (config.yaml) nor a HF model folder (config.json)"),
-    (["task.kind=random"], "rtpo: error: eval needs a TARGET"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["no/such/target"], "rtpo: error: no/such/target: no such scenario file, run folder or checkpoint"),
+        (
+            ["{scenario}", "--k", "1,x"],
+            "rtpo: error: --k: must be a comma-separated list of positive integers, got '1,x'",
+        ),
+        (["{scenario}", "--k", ""], "rtpo: error: --k: must be a comma-separated list of positive integers, got ''"),
+        (
+            ["{scenario}", "--k", "1,8", "--samples", "4"],
+            "rtpo: error: --k: k=8 > --samples 4 (pass@k needs at least k samples per problem)",
+        ),
+        (["{scenario}", "--samples", "0"], "rtpo: error: --samples: must be >= 1, got 0"),
+        (
+            ["{scenario}", "--queries", "many"],
+            "rtpo: error: --queries: must be a positive integer or 'all', got 'many'",
+        ),
+        (["{scenario}", "method.nope=1"], "rtpo: error: method.nope: unknown key"),
+        (["{scenario}", "colour.x=1"], "rtpo: error: colour: unknown key"),
+        (["{empty_run}"], "rtpo: error: {empty_run}: run folder without a checkpoint"),
+        (["{tmp}"], "rtpo: error: {tmp}: neither a run folder (config.yaml) nor a HF model folder (config.json)"),
+        (["task.kind=random"], "rtpo: error: eval needs a TARGET"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(argv, message, binary_scenario, tmp_path, capsys):
     empty_run = tmp_path / "empty-run"
     empty_run.mkdir()

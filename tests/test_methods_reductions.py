@@ -41,8 +41,9 @@ def test_depth1_rtpo_tree_is_unnormalised_grpo_on_the_siblings():
     m_r = rtpo.phase(ctx_r, state)
     sibs = rtpo.seen
     returns = np.array([s.ret for s in sibs]).reshape(4, G - 1)
-    np.testing.assert_array_equal(estimators.sibling_advantage(returns),
-                                  estimators.group_advantage(returns, normalize=False))
+    np.testing.assert_array_equal(
+        estimators.sibling_advantage(returns), estimators.group_advantage(returns, normalize=False)
+    )
 
     _, _, ctx_g = stack(mdp, seed=3)
     grpo = GRPO(GRPO.Config(G=G - 1, normalize=False))
@@ -65,13 +66,17 @@ def test_sync_every_phase_is_on_policy_rtpo():
     """G.6's endpoints: fixed-interval sync with interval 1, and KL-adaptive sync with threshold 0, are
     on-policy RTPO — ω̄ ≡ 1 after a sync, so the reweighted return is the plain return, bit for bit."""
     ref, ref_m, ref_b = _params_after("rtpo", G=3)
-    for name, cfg in (("rtpo_sync_interval", {"sync_every": 1}), ("rtpo_sync_kl", {"kl_threshold": 0.0}),
-                      ("rtpo_multitrunk", {"candidates": 1})):
+    for name, cfg in (
+        ("rtpo_sync_interval", {"sync_every": 1}),
+        ("rtpo_sync_kl", {"kl_threshold": 0.0}),
+        ("rtpo_multitrunk", {"candidates": 1}),
+    ):
         got, got_m, got_b = _params_after(name, G=3, **cfg)
         np.testing.assert_array_equal(got, ref, err_msg=name)
         assert got_b == ref_b
-        assert [m["return/mean"] for m in got_m if "return/mean" in m] == \
-               [m["return/mean"] for m in ref_m if "return/mean" in m]
+        assert [m["return/mean"] for m in got_m if "return/mean" in m] == [
+            m["return/mean"] for m in ref_m if "return/mean" in m
+        ]
 
 
 def test_gspo_on_single_token_rows_is_grpo_with_sequence_mean():

@@ -67,6 +67,7 @@ def test_grpo_rows_are_one_sequence_per_trajectory_with_its_advantage():
     g = make("grpo", G=4, normalize=False)
     state = g.begin(ctx, np.arange(2))
     from rtpo.core.methods.grpo import flat_batch, path_return
+
     paths = state.data.paths
     returns = np.array([path_return(p) for p in paths]).reshape(2, 4)
     adv = returns - returns.mean(axis=1, keepdims=True)
@@ -101,6 +102,7 @@ def test_full_history_needs_an_environment_that_exposes_it():
 
 def test_history_features_share_theta_between_views():
     from rtpo.tabular.history import FullHistoryEnv, history_policy
+
     mdp, pol, ctx = stack(K=3, seed=0, truncate=True)
     env = ctx.env
     assert isinstance(env, FullHistoryEnv)
@@ -228,12 +230,21 @@ def test_kl_sync_skips_syncs_below_threshold_and_logs_the_estimate():
     assert [m["phase/synced"] for m in every2] == [1.0, 0.0, 1.0, 0.0]
 
 
-@pytest.mark.parametrize("name,bad", [
-    ("grpo", {"G": 1}), ("grpo", {"train_context": "summary"}), ("seeupo", {"m_eps": 1.5}),
-    ("tree_grpo", {"M": 1, "L": 0}), ("arpo", {"N": 20}), ("rtpo_offpolicy", {"rho_min": 3.0}),
-    ("rtpo_sync_interval", {"sync_every": 0}), ("rtpo_sync_kl", {"kl_threshold": -1.0}),
-    ("rtpo_multitrunk", {"candidates": 1, "trunks_per_query": 2}), ("rtpo_multitrunk", {"select": "best"}),
-])
+@pytest.mark.parametrize(
+    "name,bad",
+    [
+        ("grpo", {"G": 1}),
+        ("grpo", {"train_context": "summary"}),
+        ("seeupo", {"m_eps": 1.5}),
+        ("tree_grpo", {"M": 1, "L": 0}),
+        ("arpo", {"N": 20}),
+        ("rtpo_offpolicy", {"rho_min": 3.0}),
+        ("rtpo_sync_interval", {"sync_every": 0}),
+        ("rtpo_sync_kl", {"kl_threshold": -1.0}),
+        ("rtpo_multitrunk", {"candidates": 1, "trunks_per_query": 2}),
+        ("rtpo_multitrunk", {"select": "best"}),
+    ],
+)
 def test_bad_config_names_the_field(name, bad):
     cls = methods.get(name)
     with pytest.raises(ValueError, match=list(bad)[0]):

@@ -46,8 +46,17 @@ def test_run_folder_contents(small_run):
     assert [m["global_phase"] for m in lines] == list(range(1, 2 * K + 1))
     assert [m["phase/turn"] for m in lines[:K]] == list(range(K - 1, -1, -1))  # reverse turn order
     for m in lines:
-        for key in ("eval/value", "eval/v_star", "eval/value_over_v_star", "adv/zero_rate", "loss/approx_kl",
-                    "consistency/kl_rollout_train", "budget/rollouts", "budget/tokens", "time/phase_s"):
+        for key in (
+            "eval/value",
+            "eval/v_star",
+            "eval/value_over_v_star",
+            "adv/zero_rate",
+            "loss/approx_kl",
+            "consistency/kl_rollout_train",
+            "budget/rollouts",
+            "budget/tokens",
+            "time/phase_s",
+        ):
             assert key in m, key
         assert m["eval/value_over_v_star"] == pytest.approx(m["eval/value"] / m["eval/v_star"])
     # batch arithmetic of the config comment: trunks + (G-1)·boundaries per iteration (no early ends)
@@ -86,7 +95,9 @@ def test_max_rollouts_stops_the_run(tmp_path):
 @pytest.mark.parametrize("every", [1, 4])
 def test_resume_after_crash_continues_exactly(tmp_path, monkeypatch, every):
     """Crash in phase 7; with a checkpoint every 4 phases the resume restarts after phase 4 and redoes 5–6."""
-    cfg = load_scenario(None, [*SMALL, "budget.iterations=3", "logging.plot=false", f"logging.checkpoint_every={every}"])
+    cfg = load_scenario(
+        None, [*SMALL, "budget.iterations=3", "logging.plot=false", f"logging.checkpoint_every={every}"]
+    )
     full = run_scenario(cfg, out_root=tmp_path / "a", progress=False)
     real_phase = RTPO.phase
     calls = {"n": 0}
@@ -103,7 +114,9 @@ def test_resume_after_crash_continues_exactly(tmp_path, monkeypatch, every):
     monkeypatch.setattr(RTPO, "phase", real_phase)
     (run_dir,) = (tmp_path / "b").iterdir()
     assert len(read_metrics(run_dir)) == 6
-    assert pickle.loads((run_dir / "checkpoint.pkl").read_bytes())["progress"]["metric_lines"] == (6 if every == 1 else 4)
+    assert pickle.loads((run_dir / "checkpoint.pkl").read_bytes())["progress"]["metric_lines"] == (
+        6 if every == 1 else 4
+    )
     resumed = run_scenario(None, resume=run_dir, progress=False)
     assert _untimed(resumed.metrics) == _untimed(full.metrics)
 
@@ -115,8 +128,12 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path):
     scenario.write_text(cfg.to_yaml().replace("name: default", "name: killed"))
     out = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "rtpo", "run", str(scenario), "--out", str(out), "--no-progress"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rtpo", "run", str(scenario), "--out", str(out), "--no-progress"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     total = 6 * cfg.task.params.num_turns
     try:
         deadline = time.monotonic() + 240
@@ -154,15 +171,19 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path):
     assert _untimed(after) == _untimed(reference.metrics)
 
 
-@pytest.mark.parametrize("task", [
-    {"kind": "tool_chain", "num_turns": 4, "policy": "loglinear", "psi": "modulo:3"},
-    {"kind": "random", "num_turns": 3, "num_states": 5, "end_prob": 0.3, "psi": "last_feedback"},
-])
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"kind": "tool_chain", "num_turns": 4, "policy": "loglinear", "psi": "modulo:3"},
+        {"kind": "random", "num_turns": 3, "num_states": 5, "end_prob": 0.3, "psi": "last_feedback"},
+    ],
+)
 def test_other_tasks_policies_and_context_maps_run(task, tmp_path):
     from rtpo.config import parse_scenario
 
-    data = load_scenario(None, ["budget.iterations=1", "budget.queries_per_iteration=8", "logging.plot=false",
-                                "method.G=3"]).to_dict()
+    data = load_scenario(
+        None, ["budget.iterations=1", "budget.queries_per_iteration=8", "logging.plot=false", "method.G=3"]
+    ).to_dict()
     cfg = parse_scenario({**data, "task": task})
     res = run_scenario(cfg, out_root=tmp_path, progress=False)
     last = res.metrics[-1]

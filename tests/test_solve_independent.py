@@ -45,8 +45,14 @@ def lp_value(P, R, tau, init, gamma) -> float:
                 for a in range(A):
                     A_eq[row, idx(k - 1, s, a)] -= gamma ** tau[k - 1, s, a] * P[k - 1, s, a, s2]
     c = -R.reshape(-1)
-    res = linprog(c, A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method="highs",
-                  options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10})
+    res = linprog(
+        c,
+        A_eq=A_eq,
+        b_eq=b_eq,
+        bounds=(0, None),
+        method="highs",
+        options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
+    )
     assert res.status == 0, res.message
     return -res.fun
 

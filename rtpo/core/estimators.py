@@ -72,9 +72,7 @@ def zero_advantage_mask(returns: np.ndarray, atol: float = 1e-12) -> np.ndarray:
     return np.ptp(r, axis=-1) <= atol
 
 
-def clamped_trajectory_weight(
-    logp_new: np.ndarray, logp_old: np.ndarray, rho_min: float, rho_max: float
-) -> np.ndarray:
+def clamped_trajectory_weight(logp_new: np.ndarray, logp_old: np.ndarray, rho_min: float, rho_max: float) -> np.ndarray:
     """ω̄ = clamp(Π_{h>k} Π_t π_new/π_old, ρ_min, ρ_max), Eq. 105 / Eq. 109–110.
 
     logp_new, logp_old: (..., N) per-token log-probs of a reused continuation (the product runs over
@@ -134,9 +132,9 @@ def off_policy_turn_value(r_k: np.ndarray, discount_k: np.ndarray, f_kp1: np.nda
     r_k: turn-k rewards; discount_k: γ^{τ_k}; f_kp1: the reused θ0 continuation's return from turn k+1
     (0 where the episode ended at turn k); omega: the clamped trajectory weight ω̄ (1 = on-policy).
     """
-    return np.asarray(r_k, np.float64) + np.asarray(discount_k, np.float64) * np.asarray(omega, np.float64) * np.asarray(
-        f_kp1, np.float64
-    )
+    return np.asarray(r_k, np.float64) + np.asarray(discount_k, np.float64) * np.asarray(
+        omega, np.float64
+    ) * np.asarray(f_kp1, np.float64)
 
 
 def arpo_branch_probability(h_now: np.ndarray, h_init: np.ndarray, alpha: float = 0.5, beta: float = 0.2) -> np.ndarray:

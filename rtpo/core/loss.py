@@ -131,7 +131,7 @@ def clipped_policy_loss(
     with torch.no_grad():
         r = ratio.detach()
         is_clipped = ((r < 1.0 - cfg.clip_eps) & (adv < 0)) | ((r > 1.0 + hi) & (adv > 0))
-        lr_ = (logp.detach() - old)
+        lr_ = logp.detach() - old
         metrics["loss/policy"] = float(-objective.detach())
         metrics["loss/clipfrac"] = float(is_clipped.to(logp.dtype).mean())
         metrics["loss/approx_kl"] = float((torch.exp(lr_) - 1.0 - lr_).mean())  # k3 of KL(old||new)

@@ -82,9 +82,18 @@ def rollout(
         first = False
         episodes, out = env.step(episodes, gen, rng)
         steps.append(
-            dict(ids=live, turn=turn, contexts=contexts, tokens=gen.tokens, logp=gen.logp,
-                 reward=np.asarray(out.reward, np.float64), duration=np.asarray(out.duration, np.float64),
-                 malformed=np.asarray(out.malformed, bool), snaps=snaps, full=full)
+            dict(
+                ids=live,
+                turn=turn,
+                contexts=contexts,
+                tokens=gen.tokens,
+                logp=gen.logp,
+                reward=np.asarray(out.reward, np.float64),
+                duration=np.asarray(out.duration, np.float64),
+                malformed=np.asarray(out.malformed, bool),
+                snaps=snaps,
+                full=full,
+            )
         )
         keep = np.flatnonzero(~np.asarray(out.done, bool))
         if keep.size < live.size:
@@ -123,9 +132,15 @@ def _assemble(steps, num, query_ids, start_turn, gamma, record_boundaries) -> Ro
         lo, hi = int(bounds[e]), int(bounds[e + 1])
         trajectories.append(
             Trajectory(
-                contexts=_rows(contexts, lo, hi), tokens=_rows(tokens, lo, hi), logp=_rows(logp, lo, hi),
-                rewards=reward[lo:hi], durations=duration[lo:hi], malformed=malformed[lo:hi],
-                query_id=int(query_ids[e]), start_turn=int(start_turn[e]), gamma=gamma,
+                contexts=_rows(contexts, lo, hi),
+                tokens=_rows(tokens, lo, hi),
+                logp=_rows(logp, lo, hi),
+                rewards=reward[lo:hi],
+                durations=duration[lo:hi],
+                malformed=malformed[lo:hi],
+                query_id=int(query_ids[e]),
+                start_turn=int(start_turn[e]),
+                gamma=gamma,
                 full_contexts=_rows(full, lo, hi) if full is not None else None,
             )
         )

@@ -8,13 +8,28 @@ and the in-process sharded backend works where ray is absent.
 import importlib
 
 _WHERE = {
-    "Chunk": "shards", "DeferredEpisodes": "shards", "LocalShards": "shards", "ShardedEnv": "shards",
-    "ShardedSampler": "shards", "chunk_rng": "shards", "local_sharded": "shards", "run_chunk": "shards",
-    "Placement": "resources", "Resources": "resources",
-    "RayRolloutPool": "pool", "RemoteWeights": "pool", "RayToolPool": "tools", "PoolTool": "tools", "StarTool": "tools",
-    "RayLearner": "trainer", "TrainerFailure": "trainer",
-    "ScenarioFactory": "runner", "distribute": "runner",
-    "RayRunContext": "wrap", "init_ray": "wrap", "wrap_with_ray": "wrap",
+    "Chunk": "shards",
+    "DeferredEpisodes": "shards",
+    "LocalShards": "shards",
+    "ShardedEnv": "shards",
+    "ShardedSampler": "shards",
+    "chunk_rng": "shards",
+    "local_sharded": "shards",
+    "run_chunk": "shards",
+    "Placement": "resources",
+    "Resources": "resources",
+    "RayRolloutPool": "pool",
+    "RemoteWeights": "pool",
+    "RayToolPool": "tools",
+    "PoolTool": "tools",
+    "StarTool": "tools",
+    "RayLearner": "trainer",
+    "TrainerFailure": "trainer",
+    "ScenarioFactory": "runner",
+    "distribute": "runner",
+    "RayRunContext": "wrap",
+    "init_ray": "wrap",
+    "wrap_with_ray": "wrap",
 }
 __all__ = sorted(_WHERE)
 

@@ -39,9 +39,18 @@ class PullPool:
     """Actors of one kind, fed from a queue by pull; a dead actor's task is re-queued and the actor revived."""
 
     def __init__(
-        self, body: type, factory: Callable[..., Any], num_workers: int, *, num_cpus: float = 1.0,
-        num_gpus: float = 0.0, max_restarts: int = 3, inflight_per_worker: int = 1,
-        strategy: Callable[[int], Any] | None = None, revive_timeout_s: float = 120.0, prefix: str = "ray",
+        self,
+        body: type,
+        factory: Callable[..., Any],
+        num_workers: int,
+        *,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        max_restarts: int = 3,
+        inflight_per_worker: int = 1,
+        strategy: Callable[[int], Any] | None = None,
+        revive_timeout_s: float = 120.0,
+        prefix: str = "ray",
     ) -> None:
         import ray
 

@@ -127,8 +127,9 @@ class WeightGroupMember:
             with socket.socket() as s:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
-            self._store = dist.TCPStore("0.0.0.0", port, size_hint, True, timeout=datetime.timedelta(seconds=300),
-                                        wait_for_workers=False)
+            self._store = dist.TCPStore(
+                "0.0.0.0", port, size_hint, True, timeout=datetime.timedelta(seconds=300), wait_for_workers=False
+            )
             self._address = (_node_ip(), port)
         return self._address
 
@@ -218,8 +219,9 @@ class CollectiveWeightSync:
     ray/weight_sync_fallbacks (syncs that went through the object store after a failure).
     """
 
-    def __init__(self, learner: Any, pool: Any, backend: str = "gloo", bucket_mb: float = 256.0,
-                 timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, learner: Any, pool: Any, backend: str = "gloo", bucket_mb: float = 256.0, timeout_s: float = 120.0
+    ) -> None:
         import ray
 
         self._ray = ray
@@ -236,10 +238,15 @@ class CollectiveWeightSync:
         self.epoch += 1
         size = len(self.pool.workers) + 1
         host, port = self.address
-        refs = [self.learner.workers[0].join_weight_group.remote(host, port, 0, size, self.epoch, self.backend,
-                                                                 self.timeout_s)]
-        refs += [w.join_weight_group.remote(host, port, i + 1, size, self.epoch, self.backend, self.timeout_s)
-                 for i, w in enumerate(self.pool.workers)]
+        refs = [
+            self.learner.workers[0].join_weight_group.remote(
+                host, port, 0, size, self.epoch, self.backend, self.timeout_s
+            )
+        ]
+        refs += [
+            w.join_weight_group.remote(host, port, i + 1, size, self.epoch, self.backend, self.timeout_s)
+            for i, w in enumerate(self.pool.workers)
+        ]
         self._ray.get(refs)
         self.formed = True
         self._failures_at_form = self.pool.failures

@@ -29,7 +29,9 @@ class TabularToolChain:
         pol = SoftmaxTable(mdp.num_turns, mdp.num_contexts, mdp.num_actions)
         p0 = pol.init_params(np.random.default_rng(self.param_seed))
         return RunContext(
-            env=TabularEnv(mdp), sampler=TabularSampler(pol, p0), learner=TabularLearner(pol, p0, lr=self.lr),
+            env=TabularEnv(mdp),
+            sampler=TabularSampler(pol, p0),
+            learner=TabularLearner(pol, p0, lr=self.lr),
             rng=np.random.default_rng(self.rng_seed),
         )
 

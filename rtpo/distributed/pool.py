@@ -49,15 +49,18 @@ class RolloutWorker(Faulty):
             import ray
 
             if ref_box[0] is None:
-                raise RuntimeError(f"rollout worker holds weights version {self.version}, needs {version}, and no "
-                                   "object-store copy came with the task")
+                raise RuntimeError(
+                    f"rollout worker holds weights version {self.version}, needs {version}, and no "
+                    "object-store copy came with the task"
+                )
             self.sampler.load_weights(ray.get(ref_box[0]))
             self.version = version
         return time.perf_counter() - t0
 
     # -- collective weight sync (rtpo.distributed.collective) --------------------------------------------
-    def join_weight_group(self, host: str, port: int, rank: int, size: int, epoch: int, backend: str,
-                          timeout_s: float) -> None:
+    def join_weight_group(
+        self, host: str, port: int, rank: int, size: int, epoch: int, backend: str, timeout_s: float
+    ) -> None:
         from rtpo.distributed.collective import WeightGroupMember
 
         if getattr(self, "_member", None) is None:
@@ -76,7 +79,9 @@ class RolloutWorker(Faulty):
         self.sync(version, ref_box)
         return run_chunk(self.env, self.sampler, chunk)
 
-    def generate(self, version: int, ref_box: list, contexts: Ragged, turn: np.ndarray, n: int, seed: int) -> Generation:
+    def generate(
+        self, version: int, ref_box: list, contexts: Ragged, turn: np.ndarray, n: int, seed: int
+    ) -> Generation:
         self.sync(version, ref_box)
         return self.sampler.generate(contexts, turn, n, np.random.default_rng(seed))
 

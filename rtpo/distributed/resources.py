@@ -58,14 +58,20 @@ class Resources:
         if self.chunk_size < 1 or self.inflight_per_worker < 1:
             raise ValueError("resources.chunk_size and resources.inflight_per_worker must be >= 1")
         if self.placement_strategy not in _STRATEGIES:
-            raise ValueError(f"resources.placement_strategy must be one of {', '.join(_STRATEGIES)}, got {self.placement_strategy!r}")
+            raise ValueError(
+                f"resources.placement_strategy must be one of {', '.join(_STRATEGIES)}, got {self.placement_strategy!r}"
+            )
         if self.collective_backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"resources.collective_backend must be auto, gloo or nccl, got {self.collective_backend!r}")
+            raise ValueError(
+                f"resources.collective_backend must be auto, gloo or nccl, got {self.collective_backend!r}"
+            )
         if self.weight_sync not in ("object_store", "collective"):
             raise ValueError(f"resources.weight_sync must be object_store or collective, got {self.weight_sync!r}")
         if self.weight_sync == "collective" and self.trainer_workers < 1:
-            raise ValueError("resources.weight_sync: collective needs trainer_workers >= 1 (rank 0 of the trainer "
-                             "group sends the weights)")
+            raise ValueError(
+                "resources.weight_sync: collective needs trainer_workers >= 1 (rank 0 of the trainer "
+                "group sends the weights)"
+            )
         if self.weight_bucket_mb <= 0:
             raise ValueError(f"resources.weight_bucket_mb must be > 0, got {self.weight_bucket_mb}")
 
@@ -119,8 +125,9 @@ class Resources:
         )
 
     def bundle_index(self, kind: str, i: int) -> int:
-        start = {"rollout": 0, "trainer": self.rollout_workers,
-                 "tool": self.rollout_workers + self.trainer_workers}[kind]
+        start = {"rollout": 0, "trainer": self.rollout_workers, "tool": self.rollout_workers + self.trainer_workers}[
+            kind
+        ]
         return start + i
 
 

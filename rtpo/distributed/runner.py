@@ -45,8 +45,13 @@ class ScenarioFactory:
 
 
 def distribute(
-    built: Any, cfg: Any, mode: str = "ray", resources: Resources | dict | None = None, address: str | None = None,
-    *, num_cpus: int | None = None,
+    built: Any,
+    cfg: Any,
+    mode: str = "ray",
+    resources: Resources | dict | None = None,
+    address: str | None = None,
+    *,
+    num_cpus: int | None = None,
 ) -> Any:
     """Return `built` (a rtpo.backends.BuiltBackend) with its ctx replaced by a sharded or Ray one.
 
@@ -85,5 +90,6 @@ def distribute(
         if weights is not None:  # None: the workers still hold the factory's initial weights
             ctx.sampler.load_weights(weights)
 
-    return dataclasses.replace(built, ctx=ctx, evaluate=evaluate, sampler_state=sampler_state,
-                               load_sampler_state=load_sampler_state)
+    return dataclasses.replace(
+        built, ctx=ctx, evaluate=evaluate, sampler_state=sampler_state, load_sampler_state=load_sampler_state
+    )

@@ -108,7 +108,9 @@ def merge_results(chunks: Sequence[Chunk], results: Sequence[RolloutResult]) -> 
     base = 0
     for chunk, res in zip(chunks, results):
         if len(res.trajectories) != chunk.num_results:
-            raise RuntimeError(f"chunk {chunk.index} returned {len(res.trajectories)} episodes, expected {chunk.num_results}")
+            raise RuntimeError(
+                f"chunk {chunk.index} returned {len(res.trajectories)} episodes, expected {chunk.num_results}"
+            )
         trajectories.extend(res.trajectories)
         if boundaries is not None:
             for row in res.boundaries:
@@ -187,7 +189,12 @@ class ShardedSampler:
         self.chunk_size = chunk_size
 
     def run_rollout(
-        self, env: Any, episodes: Any, query_ids: np.ndarray, rng: np.random.Generator, n: int = 1,
+        self,
+        env: Any,
+        episodes: Any,
+        query_ids: np.ndarray,
+        rng: np.random.Generator,
+        n: int = 1,
         record_boundaries: bool = False,
     ) -> RolloutResult:
         if not isinstance(episodes, DeferredEpisodes):

@@ -45,8 +45,13 @@ class TrainerWorker:
     def setup(self, host: str, port: int, backend: str) -> int:
         import torch.distributed as dist
 
-        os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+        os.environ.update(
+            MASTER_ADDR=host,
+            MASTER_PORT=str(port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",
+        )
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world_size)
         self.learner = build_parts(self.factory, "trainer").learner
         return os.getpid()
@@ -74,8 +79,9 @@ class TrainerWorker:
     def weight_store(self, size_hint: int) -> tuple[str, int]:
         return self._weight_member().serve_store(size_hint)
 
-    def join_weight_group(self, host: str, port: int, rank: int, size: int, epoch: int, backend: str,
-                          timeout_s: float) -> None:
+    def join_weight_group(
+        self, host: str, port: int, rank: int, size: int, epoch: int, backend: str, timeout_s: float
+    ) -> None:
         self._weight_member().join(host, port, rank, size, epoch, backend, timeout_s)
 
     def cache_weights(self) -> Any:
@@ -115,8 +121,14 @@ class RayLearner:
     """Learner protocol over a TrainerWorker group (world_size ranks, gloo on CPU or NCCL on GPU)."""
 
     def __init__(
-        self, factory: Callable[..., Any], world_size: int, *, backend: str = "gloo", num_cpus: float = 1.0,
-        num_gpus: float = 0.0, strategy: Callable[[int], Any] | None = None,
+        self,
+        factory: Callable[..., Any],
+        world_size: int,
+        *,
+        backend: str = "gloo",
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        strategy: Callable[[int], Any] | None = None,
     ) -> None:
         import ray
 

@@ -126,30 +126,47 @@ def wrap_with_ray(
     try:
         placement = Placement(res, timeout_s=placement_timeout_s)
         pool = RayRolloutPool(
-            ctx_factory, res.rollout_workers, num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_rollout_worker,
-            max_restarts=res.max_restarts, inflight_per_worker=res.inflight_per_worker,
+            ctx_factory,
+            res.rollout_workers,
+            num_cpus=res.cpus_per_worker,
+            num_gpus=res.gpus_per_rollout_worker,
+            max_restarts=res.max_restarts,
+            inflight_per_worker=res.inflight_per_worker,
             strategy=lambda i: placement.strategy("rollout", i),
         )
         if res.tool_workers > 0:
             tools = RayToolPool(
-                tool_factory, res.tool_workers, num_cpus=res.cpus_per_worker, max_restarts=res.max_restarts,
+                tool_factory,
+                res.tool_workers,
+                num_cpus=res.cpus_per_worker,
+                max_restarts=res.max_restarts,
                 strategy=lambda i: placement.strategy("tool", i),
             )
         if driver is None:
             driver = build_parts(ctx_factory, "driver")
         if res.trainer_workers > 0:
             learner = RayLearner(
-                ctx_factory, res.trainer_workers, backend=res.trainer_backend, num_cpus=res.cpus_per_worker,
-                num_gpus=res.gpus_per_trainer_worker, strategy=lambda r: placement.strategy("trainer", r),
+                ctx_factory,
+                res.trainer_workers,
+                backend=res.trainer_backend,
+                num_cpus=res.cpus_per_worker,
+                num_gpus=res.gpus_per_trainer_worker,
+                strategy=lambda r: placement.strategy("trainer", r),
             )
         else:
             learner = driver.learner
             if learner is None:
                 raise ValueError("resources.trainer_workers == 0 needs the factory's driver context to hold a learner")
         ctx = RayRunContext(
-            env=ShardedEnv(pool), sampler=ShardedSampler(pool, res.chunk_size), learner=learner,
-            rng=driver.rng, budget=getattr(driver, "budget", None) or Budget(), pool=pool, tools=tools,
-            placement=placement, owns_ray=owns,
+            env=ShardedEnv(pool),
+            sampler=ShardedSampler(pool, res.chunk_size),
+            learner=learner,
+            rng=driver.rng,
+            budget=getattr(driver, "budget", None) or Budget(),
+            pool=pool,
+            tools=tools,
+            placement=placement,
+            owns_ray=owns,
         )
         if res.weight_sync == "collective":
             from rtpo.distributed.collective import CollectiveWeightSync

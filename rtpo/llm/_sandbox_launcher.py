@@ -144,16 +144,18 @@ def _namespaces(cfg, code):
     for home in cfg["hide"]:
         # the parent's home (keys, tokens, caches) is replaced by an empty, read-only-to-others folder
         if home not in ("/", "") and os.path.isdir(home) and not any(home.startswith(c + "/") for c in covered):
-            _check(libc.mount(b"tmpfs", home.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"),
-                   f"tmpfs on {home}")
+            _check(
+                libc.mount(b"tmpfs", home.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"),
+                f"tmpfs on {home}",
+            )
             covered.append(home)
     for path, fd in keep.items():
         if any(path == c or path.startswith(c + "/") for c in covered):
             os.makedirs(path, mode=0o755, exist_ok=True)
-            _check(libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None),
-                   f"bind {path}")
-            _check(libc.mount(None, path.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None),
-                   f"read-only {path}")
+            _check(
+                libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None), f"bind {path}"
+            )
+            _check(libc.mount(None, path.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None), f"read-only {path}")
         os.close(fd)
     # a fresh /proc shows only this namespace (host processes and their environ stay hidden)
     if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:

@@ -31,12 +31,16 @@ class LLMBackendConfig(BackendConfig):
     """Model, engine and learner of an LLM run (E.3 values where the paper gives them)."""
 
     kind: Literal["llm"] = Field(description="language models: vLLM/HF engine + FSDP2 learner")
-    model: str = Field(description="local HF model folder (e.g. Qwen3-8B), or 'tiny-random': a random "
-                                   "2-layer Qwen3 with the real Qwen3 tokenizer, built locally (no download)")
+    model: str = Field(
+        description="local HF model folder (e.g. Qwen3-8B), or 'tiny-random': a random "
+        "2-layer Qwen3 with the real Qwen3 tokenizer, built locally (no download)"
+    )
     model_cache: str = Field("runs/.models", description="where 'tiny-random' models are written")
     tiny_tokenizer: Literal["qwen3", "bpe512"] = Field(
-        "qwen3", description="tiny-random only: the real Qwen3 vocab, or a 512-token BPE built offline (a random "
-                             "policy over it writes digits often enough for answer_parse last_integer)")
+        "qwen3",
+        description="tiny-random only: the real Qwen3 vocab, or a 512-token BPE built offline (a random "
+        "policy over it writes digits often enough for answer_parse last_integer)",
+    )
     tiny_init_std: float = Field(0.02, gt=0, description="tiny-random only: init scale (larger = peakier policy)")
     engine: Literal["vllm", "hf"] = Field("vllm", description="sampler: vllm (fast) | hf (reference)")
     temperature: float = Field(0.9, gt=0, description="training sampling temperature, also the learner's (E.3: 0.9)")
@@ -79,19 +83,30 @@ class LLMTaskConfig(BaseModel):
     max_calls_per_turn: int = Field(2, ge=1, description="tool calls run per turn")
     eval_queries: int = Field(16, ge=1, description="problems per evaluation")
     full_context_map: str | None = Field(
-        None, description="also record each turn's context under this map (e.g. identity = full history, "
-                          "thinking included) for flat baselines that train on it (grpo train_context)")
-    ops: list[Literal["+", "-", "*"]] = Field(["+", "-", "*"], min_length=1,
-                                                description="arithmetic: operators drawn from")
+        None,
+        description="also record each turn's context under this map (e.g. identity = full history, "
+        "thinking included) for flat baselines that train on it (grpo train_context)",
+    )
+    ops: list[Literal["+", "-", "*"]] = Field(
+        ["+", "-", "*"], min_length=1, description="arithmetic: operators drawn from"
+    )
     max_context_tokens: int | None = Field(
-        None, ge=1, description="longest turn context c_k (E.3: max prompt 8192); an episode whose next context "
-                                "would be longer ends there (metric context_overflow); null = backend.max_model_len - 1 "
-                                "when that is set, else no limit")
-    drop_overlong: bool = Field(False, description="leave out problems whose prompt alone exceeds max_context_tokens "
-                                                    "(false: such a problem is a config error naming it)")
+        None,
+        ge=1,
+        description="longest turn context c_k (E.3: max prompt 8192); an episode whose next context "
+        "would be longer ends there (metric context_overflow); null = backend.max_model_len - 1 "
+        "when that is set, else no limit",
+    )
+    drop_overlong: bool = Field(
+        False,
+        description="leave out problems whose prompt alone exceeds max_context_tokens "
+        "(false: such a problem is a config error naming it)",
+    )
     answer_parse: Literal["boxed", "last_integer", "last_digit"] = Field(
-        "boxed", description="boxed: the last \\boxed{} (paper); last_integer / last_digit: lenient, for tiny "
-                             "random models only (without a box, the last integer / digit of the response)")
+        "boxed",
+        description="boxed: the last \\boxed{} (paper); last_integer / last_digit: lenient, for tiny "
+        "random models only (without a box, the last integer / digit of the response)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LLMTaskConfig:
@@ -124,8 +139,9 @@ def load_task(task: LLMTaskConfig, which: str = "train"):
     try:
         if task.kind == "arithmetic":
             seed = task.task_seed if which == "train" else task.task_seed + 1_000_003
-            return arithmetic_task(task.n, seed, max_operand=task.max_operand, num_operands=task.num_operands,
-                                   ops=tuple(task.ops))
+            return arithmetic_task(
+                task.n, seed, max_operand=task.max_operand, num_operands=task.num_operands, ops=tuple(task.ops)
+            )
         path = task.path if which == "train" or task.eval_path is None else task.eval_path
         return load_math(path, task.kind, limit=task.limit)
     except (MathDataError, ValueError) as e:
@@ -150,8 +166,9 @@ def tiny_random_model(cache: str | os.PathLike, seed: int, tokenizer: str = "qwe
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     if tokenizer == "qwen3":
-        build_tiny_qwen3(tmp, tokenizer=load_qwen3_tokenizer(), spec=TinyQwen3Spec(vocab_size=151936), seed=seed,
-                         init_std=init_std)
+        build_tiny_qwen3(
+            tmp, tokenizer=load_qwen3_tokenizer(), spec=TinyQwen3Spec(vocab_size=151936), seed=seed, init_std=init_std
+        )
     else:
         build_tiny_qwen3(tmp, tokenizer=train_tiny_tokenizer(512), spec=TinyQwen3Spec(), seed=seed, init_std=init_std)
     try:
@@ -191,8 +208,10 @@ def context_limit(task: LLMTaskConfig, b: LLMBackendConfig) -> int | None:
     if task.max_context_tokens is None:
         return None if b.max_model_len is None else b.max_model_len - 1
     if b.max_model_len is not None and task.max_context_tokens >= b.max_model_len:
-        raise ConfigError(f"task.max_context_tokens: {task.max_context_tokens} leaves no room for a response within "
-                          f"backend.max_model_len={b.max_model_len}")
+        raise ConfigError(
+            f"task.max_context_tokens: {task.max_context_tokens} leaves no room for a response within "
+            f"backend.max_model_len={b.max_model_len}"
+        )
     return task.max_context_tokens
 
 
@@ -219,16 +238,30 @@ def _eval_engine(engine: Any, learner: Any, sampler: TrackedSampler, eval_sampli
             engine.load_weights(previous)
 
 
-def sampled_eval_of(b: LLMBackendConfig, task: LLMTaskConfig, env: Any, eval_env: Any, engine: Any, learner: Any,
-                    sampler: TrackedSampler, eval_sampling: Any) -> SampledEval:
+def sampled_eval_of(
+    b: LLMBackendConfig,
+    task: LLMTaskConfig,
+    env: Any,
+    eval_env: Any,
+    engine: Any,
+    learner: Any,
+    sampler: TrackedSampler,
+    eval_sampling: Any,
+) -> SampledEval:
     """The llm backend's part of rtpo.eval: held-out (eval) and training problems, the engine with the
     learner's weights at eval temperature/top-p, and the settings a report records."""
     return SampledEval(
         splits={"eval": EvalSplit(eval_env, len(eval_env.task)), "train": EvalSplit(env, len(env.task))},
         policy=functools.partial(_eval_engine, engine, learner, sampler, eval_sampling),
-        settings={"engine": b.engine, "temperature": eval_sampling.temperature, "top_p": eval_sampling.top_p,
-                  "max_tokens_per_turn": b.max_tokens, "num_turns": task.num_turns,
-                  "answer_parse": task.answer_parse, "context_map": task.context_map},
+        settings={
+            "engine": b.engine,
+            "temperature": eval_sampling.temperature,
+            "top_p": eval_sampling.top_p,
+            "max_tokens_per_turn": b.max_tokens,
+            "num_turns": task.num_turns,
+            "answer_parse": task.answer_parse,
+            "context_map": task.context_map,
+        },
         default_problems=task.eval_queries,
     )
 
@@ -285,17 +318,27 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
 
     def make_env(t, which):
         try:
-            env = LLMEnv(t, tokenizer, context_map=task.context_map, num_turns=task.num_turns,
-                         enable_thinking=task.enable_thinking, system=task.system,
-                         max_calls_per_turn=task.max_calls_per_turn, answer_parse=task.answer_parse,
-                         full_context_map=task.full_context_map, max_context_tokens=limit)
+            env = LLMEnv(
+                t,
+                tokenizer,
+                context_map=task.context_map,
+                num_turns=task.num_turns,
+                enable_thinking=task.enable_thinking,
+                system=task.system,
+                max_calls_per_turn=task.max_calls_per_turn,
+                answer_parse=task.answer_parse,
+                full_context_map=task.full_context_map,
+                max_context_tokens=limit,
+            )
         except (KeyError, ValueError) as e:
             raise ConfigError(f"task: {' '.join(str(e).split())}") from None
         long = env.check_prompts()
         if long and not task.drop_overlong:
-            raise ConfigError(f"task.max_context_tokens: {len(long)} of {len(t)} {which} problems have prompts longer "
-                              f"than {limit} tokens (first: item {long[0][0]}, {long[0][1]} tokens); raise the limit "
-                              "or set task.drop_overlong: true")
+            raise ConfigError(
+                f"task.max_context_tokens: {len(long)} of {len(t)} {which} problems have prompts longer "
+                f"than {limit} tokens (first: item {long[0][0]}, {long[0][1]} tokens); raise the limit "
+                "or set task.drop_overlong: true"
+            )
         if long:
             bad = {q for q, _ in long}
             kept = tuple(item for q, item in enumerate(t.items) if q not in bad)
@@ -324,8 +367,16 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
             extra["gpu_memory_utilization"] = b.gpu_memory_utilization
         if b.tensor_parallel_size > 1:
             extra["tensor_parallel_size"] = b.tensor_parallel_size
-        engine = VLLMEngine(model_dir, sampling, seed=cfg.seed, block_size=b.block_size, max_model_len=b.max_model_len,
-                            dtype=b.engine_dtype, kv_cache_gb=b.kv_cache_gb, **extra)
+        engine = VLLMEngine(
+            model_dir,
+            sampling,
+            seed=cfg.seed,
+            block_size=b.block_size,
+            max_model_len=b.max_model_len,
+            dtype=b.engine_dtype,
+            kv_cache_gb=b.kv_cache_gb,
+            **extra,
+        )
     else:
         from rtpo.llm.engines.hf import HFEngine
 
@@ -344,14 +395,23 @@ def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
 
     b: LLMBackendConfig = cfg.backend
     kl = float(getattr(cfg.method.config, "kl_coef", 0.0) or 0.0)
-    lcfg = LearnerConfig(lr=cfg.train.lr, weight_decay=b.weight_decay, grad_clip=b.grad_clip, temperature=b.temperature,
-                         micro_batch_tokens=b.micro_batch_tokens, kl_reference=kl > 0, param_dtype=b.param_dtype,
-                         mixed_precision=b.mixed_precision, gradient_checkpointing=b.gradient_checkpointing)
+    lcfg = LearnerConfig(
+        lr=cfg.train.lr,
+        weight_decay=b.weight_decay,
+        grad_clip=b.grad_clip,
+        temperature=b.temperature,
+        micro_batch_tokens=b.micro_batch_tokens,
+        kl_reference=kl > 0,
+        param_dtype=b.param_dtype,
+        mixed_precision=b.mixed_precision,
+        gradient_checkpointing=b.gradient_checkpointing,
+    )
     if role == "trainer" and dist.is_initialized():
         if b.threads_per_rank:
             torch.set_num_threads(b.threads_per_rank)
-        return FSDPLearner(model_dir, lcfg, rank=dist.get_rank(), world_size=dist.get_world_size(),
-                           backend=dist.get_backend())
+        return FSDPLearner(
+            model_dir, lcfg, rank=dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend()
+        )
     learner = launch_learner(model_dir, lcfg, world_size=b.world_size, threads_per_rank=b.threads_per_rank)
     if b.world_size > 1:
         atexit.register(learner.close)
@@ -386,8 +446,9 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     side = _rollout_side(cfg, model_dir, "driver")
     env, engine = side.env, side.engine
     eval_env = side.make_env(load_task(task, "eval"), "eval")
-    eval_sampling = SamplingConfig(temperature=b.eval_temperature, top_p=b.eval_top_p, max_tokens=b.max_tokens,
-                                   stop_token_ids=side.stop)
+    eval_sampling = SamplingConfig(
+        temperature=b.eval_temperature, top_p=b.eval_top_p, max_tokens=b.max_tokens, stop_token_ids=side.stop
+    )
     learner = _learner(cfg, model_dir, "driver")
     sampler = TrackedSampler(engine)
     rng = np.random.default_rng(cfg.seed)
@@ -405,5 +466,4 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     )
 
 
-register_backend("llm", BackendSpec(config=LLMBackendConfig, parse_task=parse_task, build=build,
-                                    build_role=build_role))
+register_backend("llm", BackendSpec(config=LLMBackendConfig, parse_task=parse_task, build=build, build_role=build_role))

@@ -38,7 +38,7 @@ PYTHON_TOOL: dict[str, Any] = {
     "function": {
         "name": "python",
         "description": "Run a Python 3 program in a fresh sandbox and return what it prints "
-                       "(stdout, then stderr). No network, no files persist between calls.",
+        "(stdout, then stderr). No network, no files persist between calls.",
         "parameters": {
             "type": "object",
             "properties": {"code": {"type": "string", "description": "The complete program to run."}},
@@ -115,7 +115,7 @@ def split_thinking(text: str) -> tuple[str | None, str]:
         return reasoning, tail.lstrip("\n")
     stripped = text.lstrip()
     if stripped.startswith(THINK_OPEN):
-        return stripped[len(THINK_OPEN):].strip("\n"), ""
+        return stripped[len(THINK_OPEN) :].strip("\n"), ""
     return None, text
 
 
@@ -157,7 +157,7 @@ def last_boxed(text: str) -> str | None:
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
-    rest = text[start + (6 if text.startswith("\\boxed", start) else 5):]
+    rest = text[start + (6 if text.startswith("\\boxed", start) else 5) :]
     if not rest.startswith("{"):
         # "\boxed 5" (a space, then one token) is legal LaTeX too
         if not rest[:1].isspace() or not rest.strip():
@@ -192,15 +192,23 @@ class Qwen3Chat:
     enable_thinking: False appends the template's empty `<think>\\n\\n</think>\\n\\n` to the generation prompt.
     """
 
-    def __init__(self, tokenizer: Any, tools: Sequence[dict] | None = (PYTHON_TOOL,), system: str | None = None,
-                 enable_thinking: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: Sequence[dict] | None = (PYTHON_TOOL,),
+        system: str | None = None,
+        enable_thinking: bool = True,
+    ) -> None:
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
         self.system = system
         self.enable_thinking = enable_thinking
         self.im_end_id = self._single_id(IM_END)
-        self.stop_ids = frozenset(i for i in (self.im_end_id, tokenizer.convert_tokens_to_ids("<|endoftext|>"))
-                                  if isinstance(i, int) and i >= 0)
+        self.stop_ids = frozenset(
+            i
+            for i in (self.im_end_id, tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+            if isinstance(i, int) and i >= 0
+        )
         gen = f"{IM_START}assistant\n" + ("" if enable_thinking else f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n")
         self.generation_prompt = self.ids(gen)
         self.newline = self.ids("\n")
@@ -223,8 +231,9 @@ class Qwen3Chat:
 
     def prompt_block(self, user: str) -> np.ndarray:
         """System (with the tools) and user messages, without the generation prompt."""
-        text = self.tokenizer.apply_chat_template(self.messages(user), tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=False)
+        text = self.tokenizer.apply_chat_template(
+            self.messages(user), tools=self.tools, tokenize=False, add_generation_prompt=False
+        )
         return self.ids(text)
 
     def raw_assistant_block(self, response_ids: np.ndarray) -> np.ndarray:

@@ -129,7 +129,7 @@ class LastTurns:
             raise ValueError(f"last_turns: m must be a non-negative integer, got {self.m!r}")
 
     def __call__(self, state: ChatState) -> np.ndarray:
-        turns = state.turns[len(state.turns) - self.m:] if self.m else ()
+        turns = state.turns[len(state.turns) - self.m :] if self.m else ()
         return _join(state, turns, strip=self.strip_thinking)
 
 

@@ -141,8 +141,10 @@ class LLMEnv:
                 raise IndexError(f"query id {q} outside task {self.task.name!r} of {len(self.task)} items")
             state = self._first_state(q)
             if self.max_context_tokens is not None and (n := len(self.psi(state))) > self.max_context_tokens:
-                raise ValueError(f"query {q} of task {self.task.name!r}: its prompt has {n} tokens, "
-                                 f"more than max_context_tokens={self.max_context_tokens}")
+                raise ValueError(
+                    f"query {q} of task {self.task.name!r}: its prompt has {n} tokens, "
+                    f"more than max_context_tokens={self.max_context_tokens}"
+                )
             eps.append(ChatEpisode(q, self.task[q], state))
         return eps
 
@@ -192,8 +194,9 @@ class LLMEnv:
     def take(self, episodes: Sequence[ChatEpisode], idx: np.ndarray) -> list[ChatEpisode]:
         return [episodes[int(i)] for i in np.asarray(idx, dtype=np.int64)]
 
-    def step(self, episodes: Sequence[ChatEpisode], gen: Generation,
-             rng: np.random.Generator) -> tuple[list[ChatEpisode], StepOutcome]:
+    def step(
+        self, episodes: Sequence[ChatEpisode], gen: Generation, rng: np.random.Generator
+    ) -> tuple[list[ChatEpisode], StepOutcome]:
         n = len(episodes)
         if len(gen) != n:
             raise ValueError(f"LLMEnv.step: {len(gen)} responses for {n} episodes")
@@ -257,7 +260,9 @@ class LLMEnv:
                 stripped=self.chat.assistant_block(parsed[i].content),
                 feedback=self.chat.tool_block(results[i]),
             )
-            nxt = ChatEpisode(e.query_id, e.item, e.state.append(blocks), history + tuple(("tool", r) for r in results[i]))
+            nxt = ChatEpisode(
+                e.query_id, e.item, e.state.append(blocks), history + tuple(("tool", r) for r in results[i])
+            )
             if self.max_context_tokens is not None and len(self.psi(nxt.state)) > self.max_context_tokens:
                 # no room for another turn: end here, scored as at the horizon (a lenient or boxed
                 # answer written beside tool calls still counts)
@@ -270,8 +275,13 @@ class LLMEnv:
             out.append(nxt)
         m["malformed"] += int(malformed.sum())
         m["episodes_done"] += int(done.sum())
-        outcome = StepOutcome(reward=reward, duration=gen.tokens.lengths.astype(np.float64), done=done,
-                              feedback=feedback, malformed=malformed)
+        outcome = StepOutcome(
+            reward=reward,
+            duration=gen.tokens.lengths.astype(np.float64),
+            done=done,
+            feedback=feedback,
+            malformed=malformed,
+        )
         return out, outcome
 
     # ------------------------------------------------------------------ helpers
@@ -338,7 +348,9 @@ class LLMEnv:
         if res.timed_out:
             notes.append(f"time limit of {self.sandbox.wall_time_s:g}s reached, program stopped")
         elif res.signal is not None:
-            notes.append(f"killed by signal {res.signal}" + (" (" + ", ".join(res.limits_hit) + ")" if res.limits_hit else ""))
+            notes.append(
+                f"killed by signal {res.signal}" + (" (" + ", ".join(res.limits_hit) + ")" if res.limits_hit else "")
+            )
         elif res.exit_code not in (0, None):
             notes.append(f"exit code {res.exit_code}")
         if not text and not notes:

@@ -93,6 +93,7 @@ class LearnerConfig:
 
 # -- the work plan: which rows each rank runs, in which micro-batches ------------------------------
 
+
 def plan_micro_batches(batch: TurnBatch, world_size: int, micro_batch_tokens: int) -> list[list[np.ndarray]]:
     """plan[rank][m] = row indices of micro-batch m on `rank`; every rank gets the same number of
     micro-batches (empty ones run a dummy pass so FSDP's collectives line up).
@@ -156,8 +157,13 @@ def _same_rows(a: TurnBatch, b: TurnBatch) -> bool:
     """Whether a forward pass over a and over b is the same computation (same contexts, responses, plan)."""
     if a is b:
         return True
-    pairs = ((a.contexts.offsets, b.contexts.offsets), (a.tokens.offsets, b.tokens.offsets),
-             (a.contexts.values, b.contexts.values), (a.tokens.values, b.tokens.values), (a.seq_id, b.seq_id))
+    pairs = (
+        (a.contexts.offsets, b.contexts.offsets),
+        (a.tokens.offsets, b.tokens.offsets),
+        (a.contexts.values, b.contexts.values),
+        (a.tokens.values, b.tokens.values),
+        (a.seq_id, b.seq_id),
+    )
     return all(x.shape == y.shape and np.array_equal(x, y) for x, y in pairs)
 
 
@@ -175,8 +181,14 @@ class FSDPLearner:
     (world_size 1: an in-memory store; more: MASTER_ADDR/MASTER_PORT from the environment).
     """
 
-    def __init__(self, model_path: str | os.PathLike, cfg: LearnerConfig = LearnerConfig(), rank: int = 0,
-                 world_size: int = 1, backend: str | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        cfg: LearnerConfig = LearnerConfig(),
+        rank: int = 0,
+        world_size: int = 1,
+        backend: str | None = None,
+    ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from transformers import AutoModelForCausalLM
 
@@ -207,8 +219,9 @@ class FSDPLearner:
         if cfg.kl_reference:
             self.ref_model = self._shard(load().requires_grad_(False))
             self.ref_model.eval()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay)
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
         self.pad_id = int(self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0)
         self.vocab_size = int(self.model.config.vocab_size)
         self.steps = 0
@@ -226,7 +239,8 @@ class FSDPLearner:
             if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
                 raise RuntimeError(
                     f"a process group of size {dist.get_world_size()} exists; this learner needs rank "
-                    f"{self.rank} of {self.world_size}")
+                    f"{self.rank} of {self.world_size}"
+                )
             return
         if self.world_size == 1:
             dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -240,8 +254,9 @@ class FSDPLearner:
         model = model.to(self.device)
         kwargs: dict[str, Any] = {"mesh": self.mesh}
         if self.cfg.mixed_precision is not None:
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[self.cfg.mixed_precision],
-                                                       reduce_dtype=torch.float32)
+            kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=_DTYPES[self.cfg.mixed_precision], reduce_dtype=torch.float32
+            )
         for layer in model.model.layers:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
@@ -288,16 +303,17 @@ class FSDPLearner:
         att = np.zeros((b, width), dtype=np.int64)
         for i in range(b):
             full = np.concatenate([seq[i], seq[b + i]])
-            ids[i, width - full.size:] = full
-            att[i, width - full.size:] = 1
+            ids[i, width - full.size :] = full
+            att[i, width - full.size :] = 1
         input_ids = torch.as_tensor(ids, device=self.device)
         attention = torch.as_tensor(att, device=self.device)
         position = (attention.cumsum(-1) - 1).clamp(min=0)
         r_max = int(rsp.lengths.max())
-        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position,
-                       logits_to_keep=r_max + 1).logits[:, :-1]  # (b, r_max, V): predicts the last r_max
+        logits = model(
+            input_ids=input_ids, attention_mask=attention, position_ids=position, logits_to_keep=r_max + 1
+        ).logits[:, :-1]  # (b, r_max, V): predicts the last r_max
         logits = logits.float() / self.cfg.temperature
-        target = torch.as_tensor(ids[:, width - r_max:], device=self.device)
+        target = torch.as_tensor(ids[:, width - r_max :], device=self.device)
         lp = torch.log_softmax(logits, dim=-1).gather(-1, target[..., None]).squeeze(-1)  # (b, r_max)
         keep = torch.as_tensor(np.arange(r_max)[None, :] >= (r_max - rsp.lengths)[:, None], device=self.device)
         return lp[keep]  # row-major: each row's response tokens in order
@@ -350,14 +366,19 @@ class FSDPLearner:
         flat_all = FlatBatch.from_batch(batch)
         num_seqs, num_tokens = flat_all.num_seqs, batch.num_tokens
         use_kl = cfg.kl_coef > 0
-        no_kl = LossConfig(clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, ratio=cfg.ratio,
-                           aggregation=cfg.aggregation, log_ratio_clip=cfg.log_ratio_clip, kl_coef=0.0)
+        no_kl = LossConfig(
+            clip_eps=cfg.clip_eps,
+            clip_eps_high=cfg.clip_eps_high,
+            ratio=cfg.ratio,
+            aggregation=cfg.aggregation,
+            log_ratio_clip=cfg.log_ratio_clip,
+            kl_coef=0.0,
+        )
         sums: dict[str, float] = {}
         self.opt.zero_grad(set_to_none=True)
         micro = plan[self.rank]
         cached, self._fwd_cache = self._fwd_cache, None
-        reuse = (cached is not None and len(micro) == 1 and cached[0] == self._version
-                 and _same_rows(cached[1], batch))
+        reuse = cached is not None and len(micro) == 1 and cached[0] == self._version and _same_rows(cached[1], batch)
         for m, rows in enumerate(micro):
             self.model.set_requires_gradient_sync(m == len(micro) - 1)
             # the ratio pass's forward at these very weights and rows is this forward: reuse its graph
@@ -435,8 +456,9 @@ class FSDPLearner:
         model_sd, optim_sd = get_state_dict(self.model, self.opt, options=opts)
         # the KL reference is the frozen model at model_path, which every learner loads at start: a
         # checkpoint leaves it out (a fifth of the file, with AdamW's two moments per weight)
-        return _detached({"model": model_sd, "optim": optim_sd, "ref": None, "steps": self.steps,
-                          "config": asdict(self.cfg)})
+        return _detached(
+            {"model": model_sd, "optim": optim_sd, "ref": None, "steps": self.steps, "config": asdict(self.cfg)}
+        )
 
     def load_state_dict(self, state: dict) -> None:
         # the (large) state stays on rank 0 and is broadcast tensor by tensor by torch
@@ -520,8 +542,16 @@ class FSDPLearner:
         return out
 
 
-def _worker_main(rank: int, world_size: int, model_path: str, cfg: LearnerConfig, backend: str | None,
-                 addr: str, port: int, threads: int | None) -> None:
+def _worker_main(
+    rank: int,
+    world_size: int,
+    model_path: str,
+    cfg: LearnerConfig,
+    backend: str | None,
+    addr: str,
+    port: int,
+    threads: int | None,
+) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
     if threads:
         torch.set_num_threads(threads)
@@ -532,8 +562,13 @@ def _worker_main(rank: int, world_size: int, model_path: str, cfg: LearnerConfig
         dist.destroy_process_group()
 
 
-def launch_learner(model_path: str | os.PathLike, cfg: LearnerConfig = LearnerConfig(), world_size: int = 1,
-                   backend: str | None = None, threads_per_rank: int | None = None) -> FSDPLearner:
+def launch_learner(
+    model_path: str | os.PathLike,
+    cfg: LearnerConfig = LearnerConfig(),
+    world_size: int = 1,
+    backend: str | None = None,
+    threads_per_rank: int | None = None,
+) -> FSDPLearner:
     """Rank 0's learner in this (driver) process, with ranks 1..N−1 spawned as worker processes.
 
     Call `close()` on the result to stop the workers.  threads_per_rank bounds torch's intra-op
@@ -552,8 +587,11 @@ def launch_learner(model_path: str | os.PathLike, cfg: LearnerConfig = LearnerCo
     ctx = mp.get_context("spawn")
     procs = []
     for rank in range(1, world_size):
-        p = ctx.Process(target=_worker_main, args=(rank, world_size, str(model_path), cfg, backend, addr, port,
-                                                   threads_per_rank), daemon=True)
+        p = ctx.Process(
+            target=_worker_main,
+            args=(rank, world_size, str(model_path), cfg, backend, addr, port, threads_per_rank),
+            daemon=True,
+        )
         p.start()
         procs.append(p)
     learner = FSDPLearner(model_path, cfg, rank=0, world_size=world_size, backend=backend)

@@ -47,7 +47,7 @@ def to_number(text: str | None) -> Fraction | None:
     s = s.replace("$", "").replace("\\!", "").replace("\\,", "").replace("{,}", "").replace(" ", "")
     s = s.replace("\\%", "").replace("%", "").rstrip(".")
     if s.startswith("\\boxed{") and s.endswith("}"):
-        s = s[len("\\boxed{"):-1]
+        s = s[len("\\boxed{") : -1]
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
         s = s.replace(",", "")
     m = _FRAC_RE.match(s)
@@ -74,6 +74,7 @@ def numeric_equal(answer: str | None, gold: str | None, rel_tol: float = 1e-9) -
 
 # ---------------------------------------------------------------- math-verify in a worker process
 
+
 class MathVerifier:
     """math-verify with a hard per-call timeout, usable from any thread.
 
@@ -92,8 +93,12 @@ class MathVerifier:
 
     def _start(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, bufsize=1,
+            [sys.executable, _WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
         )
         hello = self._readline(self.startup_s)
         info = json.loads(hello) if hello else {"ready": False, "error": "worker did not start in time"}
@@ -249,5 +254,15 @@ def exact_match(prediction: str, gold: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(gold))
 
 
-__all__ = ["STATUSES", "MathVerifier", "RewardResult", "default_verifier", "exact_match", "math_reward",
-           "normalize_answer", "numeric_equal", "to_number", "token_f1"]
+__all__ = [
+    "STATUSES",
+    "MathVerifier",
+    "RewardResult",
+    "default_verifier",
+    "exact_match",
+    "math_reward",
+    "normalize_answer",
+    "numeric_equal",
+    "to_number",
+    "token_f1",
+]

@@ -52,8 +52,16 @@ class SandboxLimits:
     max_open_files: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("wall_time_s", "cpu_time_s", "memory_bytes", "max_processes", "max_file_bytes",
-                     "tmpfs_bytes", "max_output_bytes", "max_open_files"):
+        for name in (
+            "wall_time_s",
+            "cpu_time_s",
+            "memory_bytes",
+            "max_processes",
+            "max_file_bytes",
+            "tmpfs_bytes",
+            "max_output_bytes",
+            "max_open_files",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be positive, got {getattr(self, name)!r}")
 
@@ -103,7 +111,8 @@ def isolation_mode() -> str:
             warnings.warn(
                 "sandbox: kernel isolation unavailable (needs root and unshare); falling back to resource "
                 "limits and a Python socket guard, which do not stop writes outside the sandbox folder",
-                RuntimeWarning, stacklevel=2,
+                RuntimeWarning,
+                stacklevel=2,
             )
     return _ISOLATION
 
@@ -122,8 +131,15 @@ def _scrubbed_env() -> dict[str, str]:
 
 def _interpreter_dirs() -> list[str]:
     """Folders the sandboxed interpreter needs (its prefix, its venv), outermost only."""
-    dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable),
-                                         os.path.dirname(os.path.realpath(sys.executable)))}
+    dirs = {
+        os.path.realpath(p)
+        for p in (
+            sys.prefix,
+            sys.base_prefix,
+            os.path.dirname(sys.executable),
+            os.path.dirname(os.path.realpath(sys.executable)),
+        )
+    }
     return sorted(d for d in dirs if not any(d.startswith(o + "/") for o in dirs if o != d))
 
 
@@ -138,26 +154,49 @@ def _run(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
     uid = _UID_BASE + secrets.randbelow(100_000_000)
     workdir = None if mode == "namespaces" else tempfile.mkdtemp(prefix="rtpo-sandbox-")
     cfg = {
-        "mode": mode, "uid": uid, "gid": uid, "workdir": workdir,
-        "python": sys.executable, "fallback_python": getattr(sys, "_base_executable", sys.executable),
-        "env": _scrubbed_env(), "keep": _interpreter_dirs(), "hide": [os.path.expanduser("~")],
+        "mode": mode,
+        "uid": uid,
+        "gid": uid,
+        "workdir": workdir,
+        "python": sys.executable,
+        "fallback_python": getattr(sys, "_base_executable", sys.executable),
+        "env": _scrubbed_env(),
+        "keep": _interpreter_dirs(),
+        "hide": [os.path.expanduser("~")],
         "limits": {
-            "cpu_time_s": int(limits.cpu_time_s), "memory_bytes": int(limits.memory_bytes),
-            "max_processes": int(limits.max_processes), "max_file_bytes": int(limits.max_file_bytes),
-            "tmpfs_bytes": int(limits.tmpfs_bytes), "max_open_files": int(limits.max_open_files),
+            "cpu_time_s": int(limits.cpu_time_s),
+            "memory_bytes": int(limits.memory_bytes),
+            "max_processes": int(limits.max_processes),
+            "max_file_bytes": int(limits.max_file_bytes),
+            "tmpfs_bytes": int(limits.tmpfs_bytes),
+            "max_open_files": int(limits.max_open_files),
         },
     }
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", _LAUNCHER, json.dumps(cfg)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=_scrubbed_env(), start_new_session=True, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_scrubbed_env(),
+            start_new_session=True,
+            close_fds=True,
         )
     except OSError as e:
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-        return SandboxResult("", "", None, None, False, False, (), time.monotonic() - start, mode,
-                             error=f"could not start the sandbox: {e}")
+        return SandboxResult(
+            "",
+            "",
+            None,
+            None,
+            False,
+            False,
+            (),
+            time.monotonic() - start,
+            mode,
+            error=f"could not start the sandbox: {e}",
+        )
     try:
         out, err, timed_out, truncated = _communicate(proc, code.encode("utf-8", "surrogatepass"), limits, start)
     finally:
@@ -177,9 +216,16 @@ def _run(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
         error = stderr.strip().splitlines()[0]
     hit = _limits_hit(stderr, sig, timed_out, truncated)
     return SandboxResult(
-        stdout=out.decode("utf-8", "replace"), stderr=stderr, exit_code=exit_code, signal=sig,
-        timed_out=timed_out, truncated=truncated, limits_hit=hit, wall_time_s=time.monotonic() - start,
-        isolation=mode, error=error,
+        stdout=out.decode("utf-8", "replace"),
+        stderr=stderr,
+        exit_code=exit_code,
+        signal=sig,
+        timed_out=timed_out,
+        truncated=truncated,
+        limits_hit=hit,
+        wall_time_s=time.monotonic() - start,
+        isolation=mode,
+        error=error,
     )
 
 

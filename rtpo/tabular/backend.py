@@ -66,7 +66,9 @@ class TabularEnv:
     def turn_index(self, ep: TabularEpisodes) -> np.ndarray:
         return ep.turn
 
-    def step(self, ep: TabularEpisodes, gen: Generation, rng: np.random.Generator) -> tuple[TabularEpisodes, StepOutcome]:
+    def step(
+        self, ep: TabularEpisodes, gen: Generation, rng: np.random.Generator
+    ) -> tuple[TabularEpisodes, StepOutcome]:
         n = ep.turn.size
         A = self.mdp.num_actions
         a = np.zeros(n, dtype=np.int64)

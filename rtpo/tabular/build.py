@@ -43,8 +43,13 @@ class TabularTaskConfig(BaseModel):
     params: Any = Field(description="the task kind's Params dataclass")
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "psi": self.psi, "policy": self.policy, "init_scale": self.init_scale,
-                **asdict(self.params)}
+        return {
+            "kind": self.kind,
+            "psi": self.psi,
+            "policy": self.policy,
+            "init_scale": self.init_scale,
+            **asdict(self.params),
+        }
 
 
 _OWN = ("kind", "psi", "policy", "init_scale")
@@ -118,9 +123,13 @@ def assemble(cfg: ScenarioConfig, mdp: TurnMDP, policy: TabularPolicy, env: Any)
 
     # a tabular episode draws its start state, so a "problem" is one draw and ids are not a fixed set;
     # the policy is sampled as it is (no temperature or nucleus), success = return > 0
-    sampled = SampledEval(splits={"eval": EvalSplit(env, None), "train": EvalSplit(env, None)},
-                          policy=eval_policy, settings={"temperature": 1.0, "top_p": 1.0},
-                          default_problems=1024, exact=lambda: evaluator(learner))
+    sampled = SampledEval(
+        splits={"eval": EvalSplit(env, None), "train": EvalSplit(env, None)},
+        policy=eval_policy,
+        settings={"temperature": 1.0, "top_p": 1.0},
+        default_problems=1024,
+        exact=lambda: evaluator(learner),
+    )
     return BuiltBackend(
         ctx=ctx,
         evaluate=lambda: evaluator(learner),
@@ -165,5 +174,6 @@ def solve_text(cfg: ScenarioConfig) -> str:
     return "\n".join(out)
 
 
-register_backend("tabular", BackendSpec(config=TabularBackendConfig, parse_task=parse_task, build=build,
-                                        solve=solve_text))
+register_backend(
+    "tabular", BackendSpec(config=TabularBackendConfig, parse_task=parse_task, build=build, solve=solve_text)
+)

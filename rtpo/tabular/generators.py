@@ -113,8 +113,7 @@ def tool_chain(
         tau.append(rng.integers(1, max_tau + 1, size=(S, A)))
     init = np.array([1.0, 0.0])
     psi = tuple(np.arange(2 * (k + 1)) for k in range(K))
-    return TurnMDP(tuple(succ), tuple(prob), tuple(reward), tuple(tau), psi, init, 2 * K, gamma,
-                   bernoulli_rewards=True)
+    return TurnMDP(tuple(succ), tuple(prob), tuple(reward), tuple(tau), psi, init, 2 * K, gamma, bernoulli_rewards=True)
 
 
 def last_feedback_psi(mdp: TurnMDP) -> tuple[np.ndarray, ...]:

@@ -28,5 +28,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     return assemble(cfg, mdp, history_policy(mdp, init_scale=cfg.task.init_scale), FullHistoryEnv(mdp))
 
 
-register_backend("tabular_history", BackendSpec(config=TabularHistoryBackendConfig, parse_task=parse_task,
-                                                build=build, solve=solve_text))
+register_backend(
+    "tabular_history",
+    BackendSpec(config=TabularHistoryBackendConfig, parse_task=parse_task, build=build, solve=solve_text),
+)

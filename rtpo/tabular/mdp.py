@@ -117,8 +117,9 @@ class TurnMDP:
         """The same MDP seen through another context map ψ (K arrays of (S_k,) context ids)."""
         psi = tuple(np.asarray(p, dtype=np.int64) for p in psi)
         nc = int(max(int(p.max()) for p in psi) + 1) if num_contexts is None else num_contexts
-        return TurnMDP(self.succ, self.prob, self.reward, self.tau, psi, self.init, nc, self.gamma,
-                       self.bernoulli_rewards)
+        return TurnMDP(
+            self.succ, self.prob, self.reward, self.tau, psi, self.init, nc, self.gamma, self.bernoulli_rewards
+        )
 
     def identity_psi(self) -> TurnMDP:
         """ψ = identity: every state its own context (a decision-sufficient map, A11)."""
@@ -152,8 +153,17 @@ class TurnMDP:
             order = np.argsort(pk <= 0, axis=-1, kind="stable")[..., :B]
             succ.append(order)
             prob.append(np.take_along_axis(pk, order, axis=-1))
-        return TurnMDP(tuple(succ), tuple(prob), tuple(R), tuple(tau), tuple(psi_arr),
-                       np.asarray(init, dtype=np.float64), int(psi_arr.max()) + 1, gamma, bernoulli_rewards)
+        return TurnMDP(
+            tuple(succ),
+            tuple(prob),
+            tuple(R),
+            tuple(tau),
+            tuple(psi_arr),
+            np.asarray(init, dtype=np.float64),
+            int(psi_arr.max()) + 1,
+            gamma,
+            bernoulli_rewards,
+        )
 
     def to_dense(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Dense (P, R, tau) with S = max_k S_k (padding states are unreachable); for small MDPs."""

@@ -1,9 +1,9 @@
 """`rtpo verify`: run the claim suite, run it against every mutant, or print the claim report.
 
-    rtpo verify                 pytest rtpo/verify (extra pytest arguments after `--`)
-    rtpo verify --mutants       each mutant in its own subprocess (two at a time) against its claim
-                                modules; prints which tests killed it; exit 1 if any survives
-    rtpo verify --report        claim | status | measured figures
+rtpo verify                 pytest rtpo/verify (extra pytest arguments after `--`)
+rtpo verify --mutants       each mutant in its own subprocess (two at a time) against its claim
+                            modules; prints which tests killed it; exit 1 if any survives
+rtpo verify --report        claim | status | measured figures
 """
 
 from __future__ import annotations
@@ -33,21 +33,41 @@ class PytestRun:
     output: str
 
 
-def run_pytest(targets: list[str], mutant: str | None = None, extra: list[str] | None = None,
-               capture: bool = True) -> PytestRun:
+def run_pytest(
+    targets: list[str], mutant: str | None = None, extra: list[str] | None = None, capture: bool = True
+) -> PytestRun:
     """pytest in a subprocess (a mutant patches process-wide names), results read from a JUnit XML file."""
     env = dict(os.environ)
     env.pop("RTPO_MUTANT", None)
     if mutant:
         env["RTPO_MUTANT"] = mutant
     env.setdefault("HYPOTHESIS_PROFILE", "ci")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     with tempfile.TemporaryDirectory(prefix="rtpo-verify-") as tmp:
         junit = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning",
-               f"--junitxml={junit}", *(extra or [])]
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, text=True,
-                              stdout=subprocess.PIPE if capture else None, stderr=subprocess.STDOUT if capture else None)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            *targets,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::UserWarning",
+            f"--junitxml={junit}",
+            *(extra or []),
+        ]
+        proc = subprocess.run(
+            cmd,
+            cwd=REPO_ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.STDOUT if capture else None,
+        )
         passed, failed = _read_junit(junit)
     return PytestRun(proc.returncode, passed, failed, proc.stdout or "")
 
@@ -157,10 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     passthrough: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, passthrough = argv[:i], argv[i + 1:]
+        argv, passthrough = argv[:i], argv[i + 1 :]
     p = _OneLineParser(prog="rtpo verify", description="Check the paper's claims (SPEC §4).")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--mutants", action="store_true", help="run the suite against every mutant; exit 1 if one survives")
+    mode.add_argument(
+        "--mutants", action="store_true", help="run the suite against every mutant; exit 1 if one survives"
+    )
     mode.add_argument("--report", action="store_true", help="print claim, status and measured figures")
     p.add_argument("--only", action="append", metavar="MUTANT", help="with --mutants: just this mutant (repeatable)")
     p.add_argument("--fast", action="store_true", help="with --mutants: only each mutant's designated killer tests")

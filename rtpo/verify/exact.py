@@ -113,7 +113,7 @@ def exchangeable_combos(d: Dist, m: int) -> tuple[np.ndarray, np.ndarray]:
         counts = np.bincount(combo, minlength=v.size)
         coef = math.factorial(m) / np.prod([math.factorial(int(c)) for c in counts])
         rows.append(v[list(combo)])
-        probs.append(coef * np.prod(p ** counts))
+        probs.append(coef * np.prod(p**counts))
     return np.array(rows), np.array(probs)
 
 
@@ -127,9 +127,7 @@ def group_expectation(
     """
     combos, w_c = exchangeable_combos(others, n_others)
     ov, op = own
-    returns = np.concatenate(
-        [np.repeat(ov, combos.shape[0])[:, None], np.tile(combos, (ov.size, 1))], axis=1
-    )
+    returns = np.concatenate([np.repeat(ov, combos.shape[0])[:, None], np.tile(combos, (ov.size, 1))], axis=1)
     weights = np.repeat(op, combos.shape[0]) * np.tile(w_c, ov.size)
     a = np.asarray(estimator(returns))[:, 0]
     return float(weights @ a), float(weights @ (a - target) ** 2)

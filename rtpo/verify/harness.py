@@ -21,13 +21,22 @@ from rtpo.tabular import SoftmaxTable, TabularEnv, TabularLearner, TabularSample
 from rtpo.tabular.policy import TabularPolicy
 
 
-def make_context(mdp: TurnMDP, policy: TabularPolicy | None = None, params: np.ndarray | None = None,
-                 lr: float = 0.1, optimizer: str = "adam", seed: int = 0) -> RunContext:
+def make_context(
+    mdp: TurnMDP,
+    policy: TabularPolicy | None = None,
+    params: np.ndarray | None = None,
+    lr: float = 0.1,
+    optimizer: str = "adam",
+    seed: int = 0,
+) -> RunContext:
     policy = policy or SoftmaxTable(mdp.num_turns, mdp.num_contexts, mdp.num_actions)
     params = policy.init_params(np.random.default_rng(seed)) if params is None else params
-    return RunContext(env=TabularEnv(mdp), sampler=TabularSampler(policy, params),
-                      learner=TabularLearner(policy, params, lr=lr, optimizer=optimizer),
-                      rng=np.random.default_rng(seed))
+    return RunContext(
+        env=TabularEnv(mdp),
+        sampler=TabularSampler(policy, params),
+        learner=TabularLearner(policy, params, lr=lr, optimizer=optimizer),
+        rng=np.random.default_rng(seed),
+    )
 
 
 def make_rtpo(**cfg: Any):
@@ -63,9 +72,15 @@ def trajectory_rows(t: Trajectory) -> TurnBatch:
     """Every turn of a trajectory as one row, in the context recorded at rollout (built directly, so a
     mutant of turn_rows cannot change what the spy measures)."""
     n = t.num_turns
-    return TurnBatch(contexts=t.contexts, tokens=t.tokens, old_logp=t.logp,
-                     advantages=Ragged(np.zeros(t.tokens.values.size), t.tokens.offsets),
-                     seq_id=np.arange(n), weight=np.ones(n), turn=t.start_turn + np.arange(n))
+    return TurnBatch(
+        contexts=t.contexts,
+        tokens=t.tokens,
+        old_logp=t.logp,
+        advantages=Ragged(np.zeros(t.tokens.values.size), t.tokens.offsets),
+        seq_id=np.arange(n),
+        weight=np.ones(n),
+        turn=t.start_turn + np.arange(n),
+    )
 
 
 @contextmanager

@@ -54,6 +54,7 @@ def get(name: str) -> Mutant:
 
 # -- patching helpers ---------------------------------------------------------------------------------
 
+
 def _replace_everywhere(orig: Any, new: Any) -> Undo:
     """Rebind every module-level name in rtpo.* that is `orig` to `new` (consumers imported it by name)."""
     undo: list[tuple[Any, str, Any]] = []
@@ -109,8 +110,13 @@ _EST_MODULES = ("test_t2_sibling_baseline.py", "test_cross_state.py", "test_t1_r
 
 # -- advantage / baseline mutants ---------------------------------------------------------------------
 
-@_mutant("cross_state_baseline", "the sibling baseline is the mean over every group of the batch (all boundaries)",
-         _ESTIMATOR_TESTS, _EST_MODULES)
+
+@_mutant(
+    "cross_state_baseline",
+    "the sibling baseline is the mean over every group of the batch (all boundaries)",
+    _ESTIMATOR_TESTS,
+    _EST_MODULES,
+)
 def _cross_state() -> Undo:
     def est(returns):
         r = np.asarray(returns, np.float64)
@@ -122,9 +128,12 @@ def _cross_state() -> Undo:
 _TRUNK_TAIL: dict[str, Any] = {"returns": None}
 
 
-@_mutant("trunk_in_baseline", "the trunk's own return from boundary k joins the sibling baseline",
-         ("rtpo/verify/test_cross_state.py::test_CS1_rtpo_groups_only_siblings_of_one_boundary_eq7",),
-         _EST_MODULES)
+@_mutant(
+    "trunk_in_baseline",
+    "the trunk's own return from boundary k joins the sibling baseline",
+    ("rtpo/verify/test_cross_state.py::test_CS1_rtpo_groups_only_siblings_of_one_boundary_eq7",),
+    _EST_MODULES,
+)
 def _trunk_in_baseline() -> Undo:
     from rtpo.core.methods.rtpo import RTPO
     from rtpo.core.types import discounted_return
@@ -134,10 +143,14 @@ def _trunk_in_baseline() -> Undo:
     def phase(self, ctx, state):
         k = state.pending[0]
         tree = state.data.tree
-        _TRUNK_TAIL["returns"] = np.array([
-            discounted_return(tree.trunks[b.trunk].rewards[k:], tree.trunks[b.trunk].durations[k:], tree.trunks[b.trunk].gamma)
-            for b in tree.boundaries[k]
-        ])
+        _TRUNK_TAIL["returns"] = np.array(
+            [
+                discounted_return(
+                    tree.trunks[b.trunk].rewards[k:], tree.trunks[b.trunk].durations[k:], tree.trunks[b.trunk].gamma
+                )
+                for b in tree.boundaries[k]
+            ]
+        )
         try:
             return orig_phase(self, ctx, state)
         finally:
@@ -153,9 +166,15 @@ def _trunk_in_baseline() -> Undo:
     return _chain(_set_attr(RTPO, "phase", phase), _swap_estimator("sibling_mean", est))
 
 
-@_mutant("own_return_left_out", "baseline = Σ_{r≠j} R_r / (G−1): own return dropped from the sum, not the count",
-         ("rtpo/verify/test_t2_sibling_baseline.py::test_T2a_sibling_coefficient_eq56",
-          "rtpo/verify/test_t2_sibling_baseline.py::test_T2d_two_siblings_zero_advantage_eq107"), _EST_MODULES)
+@_mutant(
+    "own_return_left_out",
+    "baseline = Σ_{r≠j} R_r / (G−1): own return dropped from the sum, not the count",
+    (
+        "rtpo/verify/test_t2_sibling_baseline.py::test_T2a_sibling_coefficient_eq56",
+        "rtpo/verify/test_t2_sibling_baseline.py::test_T2d_two_siblings_zero_advantage_eq107",
+    ),
+    _EST_MODULES,
+)
 def _own_left_out() -> Undo:
     def est(returns):
         r = np.asarray(returns, np.float64)
@@ -164,8 +183,12 @@ def _own_left_out() -> Undo:
     return _swap_estimator("sibling_mean", est)
 
 
-@_mutant("loo_as_sibling", "the leave-one-out estimator registered as RTPO's sibling_mean",
-         ("rtpo/verify/test_t2_sibling_baseline.py::test_T2a_sibling_coefficient_eq56",), _EST_MODULES)
+@_mutant(
+    "loo_as_sibling",
+    "the leave-one-out estimator registered as RTPO's sibling_mean",
+    ("rtpo/verify/test_t2_sibling_baseline.py::test_T2a_sibling_coefficient_eq56",),
+    _EST_MODULES,
+)
 def _loo_as_sibling() -> Undo:
     from rtpo.core.estimators import leave_one_out_advantage
 
@@ -181,8 +204,12 @@ def _sign_flip() -> Undo:
     return _swap_estimator("sibling_mean", est)
 
 
-@_mutant("baseline_previous_phase", "the baseline is the mean return of the previous call (previous phase)",
-         _ESTIMATOR_TESTS, _EST_MODULES)
+@_mutant(
+    "baseline_previous_phase",
+    "the baseline is the mean return of the previous call (previous phase)",
+    _ESTIMATOR_TESTS,
+    _EST_MODULES,
+)
 def _previous_phase() -> Undo:
     memory: dict[str, Any] = {"prev": None}
 
@@ -200,8 +227,12 @@ def _previous_phase() -> Undo:
 _T2C = ("rtpo/verify/test_t2c_gradient_support.py::test_T2c_llm_gradient_only_on_turn_k_tokens_eq80",)
 
 
-@_mutant("loss_on_prefix", "the trained span is extended back over the context c_k (prompt tokens in the loss)",
-         _T2C, ("test_t2c_gradient_support.py",))
+@_mutant(
+    "loss_on_prefix",
+    "the trained span is extended back over the context c_k (prompt tokens in the loss)",
+    _T2C,
+    ("test_t2c_gradient_support.py",),
+)
 def _loss_on_prefix() -> Undo:
     from rtpo.core import train
     from rtpo.core.types import Ragged, TurnBatch
@@ -220,8 +251,12 @@ def _loss_on_prefix() -> Undo:
     return _replace_everywhere(orig, turn_rows)
 
 
-@_mutant("loss_on_continuation", "the trained span runs on into the continuation's later-turn tokens",
-         _T2C, ("test_t2c_gradient_support.py",))
+@_mutant(
+    "loss_on_continuation",
+    "the trained span runs on into the continuation's later-turn tokens",
+    _T2C,
+    ("test_t2c_gradient_support.py",),
+)
 def _loss_on_continuation() -> Undo:
     from rtpo.core import train
     from rtpo.core.types import Ragged, TurnBatch
@@ -246,18 +281,24 @@ def _loss_on_continuation() -> Undo:
 _T3A = ("rtpo/verify/test_t3_on_policy.py::test_T3a_siblings_on_policy_weight_one_eq85",)
 
 
-@_mutant("no_sync", "no weight sync between phases (θ_old stays the trunk's θ0)",
-         _T3A + ("rtpo/verify/test_mismatch.py::test_MM1_rtpo_ratio_exactly_one_eq5",),
-         ("test_t3_on_policy.py", "test_mismatch.py", "test_t1_recursive_optimality.py"))
+@_mutant(
+    "no_sync",
+    "no weight sync between phases (θ_old stays the trunk's θ0)",
+    _T3A + ("rtpo/verify/test_mismatch.py::test_MM1_rtpo_ratio_exactly_one_eq5",),
+    ("test_t3_on_policy.py", "test_mismatch.py", "test_t1_recursive_optimality.py"),
+)
 def _no_sync() -> Undo:
     from rtpo.core.methods.rtpo import RTPO
 
     return _set_attr(RTPO, "should_sync", lambda self, k, state: False)
 
 
-@_mutant("forward_order", "phases run k = 0..K−1 (forward) instead of K−1..0",
-         ("rtpo/verify/test_t1_recursive_optimality.py::test_T1b_one_reverse_sweep_is_backward_induction_eq25",),
-         ("test_t1_recursive_optimality.py",))
+@_mutant(
+    "forward_order",
+    "phases run k = 0..K−1 (forward) instead of K−1..0",
+    ("rtpo/verify/test_t1_recursive_optimality.py::test_T1b_one_reverse_sweep_is_backward_induction_eq25",),
+    ("test_t1_recursive_optimality.py",),
+)
 def _forward_order() -> Undo:
     from rtpo.core.methods.rtpo import RTPO
 
@@ -285,8 +326,12 @@ class _SplitSampler:
         self.current.load_weights(weights)
 
 
-@_mutant("stale_continuations", "siblings' continuations after turn k come from θ0 but are treated as on-policy",
-         _T3A, ("test_t3_on_policy.py",))
+@_mutant(
+    "stale_continuations",
+    "siblings' continuations after turn k come from θ0 but are treated as on-policy",
+    _T3A,
+    ("test_t3_on_policy.py",),
+)
 def _stale_continuations() -> Undo:
     from rtpo.core.methods import rtpo as rtpo_mod
 
@@ -309,8 +354,13 @@ def _stale_continuations() -> Undo:
 
 # -- importance-weight and clipping mutants ----------------------------------------------------------------
 
-@_mutant("per_token_clip_weight", "the trajectory IS weight is the product of per-token clipped ratios",
-         ("rtpo/verify/test_is_weights.py::test_IS2_core_weight_clips_the_product_eq105",), ("test_is_weights.py",))
+
+@_mutant(
+    "per_token_clip_weight",
+    "the trajectory IS weight is the product of per-token clipped ratios",
+    ("rtpo/verify/test_is_weights.py::test_IS2_core_weight_clips_the_product_eq105",),
+    ("test_is_weights.py",),
+)
 def _per_token_clip() -> Undo:
     from rtpo.core import estimators
 
@@ -323,8 +373,12 @@ def _per_token_clip() -> Undo:
     return _replace_everywhere(orig, weight)
 
 
-@_mutant("ratio_not_clipped", "the loss's clipped ratio is not clipped (trust region removed)",
-         ("rtpo/verify/test_is_weights.py::test_IS2_core_loss_clips_each_token_eq15",), ("test_is_weights.py",))
+@_mutant(
+    "ratio_not_clipped",
+    "the loss's clipped ratio is not clipped (trust region removed)",
+    ("rtpo/verify/test_is_weights.py::test_IS2_core_loss_clips_each_token_eq15",),
+    ("test_is_weights.py",),
+)
 def _ratio_not_clipped() -> Undo:
     from rtpo.core import loss
 
@@ -349,8 +403,14 @@ def ensure_profile() -> None:
     try:
         settings.get_profile("dev")
     except InvalidArgument:
-        settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
-                                  suppress_health_check=[HealthCheck.too_slow])
+        settings.register_profile(
+            "ci",
+            derandomize=True,
+            database=None,
+            deadline=None,
+            print_blob=True,
+            suppress_health_check=[HealthCheck.too_slow],
+        )
         settings.register_profile("dev", max_examples=100, deadline=None)
         settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

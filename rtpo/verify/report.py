@@ -33,10 +33,11 @@ def _t1() -> dict[str, str]:
     chain = tool_chain(num_turns=3, num_actions=2, seed=2)
     gap = solve(chain).value - solve(chain, last_feedback_psi(chain)).value
     return {
-        "T1a": "RM max|Q−Q̃*| per turn " + ", ".join(f"{e:.3f}" for e in errs)
-               + f" (Hoeffding radius at most-visited pair ≈ {min(radii):.3f})",
+        "T1a": "RM max|Q−Q̃*| per turn "
+        + ", ".join(f"{e:.3f}" for e in errs)
+        + f" (Hoeffding radius at most-visited pair ≈ {min(radii):.3f})",
         "T1b": f"trap MDP, one reverse sweep: V(greedy)={greedy_v:.3f}, V*={solve(trap).value:.3f}, "
-               f"π(0|hard)={table[1, 0, 0]:.3f}",
+        f"π(0|hard)={table[1, 0, 0]:.3f}",
         "T1c": f"minimal aliasing gap V*−V*_Πψ = 0.500; tool_chain(K=3) last-feedback ψ gap = {gap:.4f}",
     }
 
@@ -63,8 +64,10 @@ def _t2() -> dict[str, str]:
     mse = []
     for G in (3, 4, 6):
         r = mse_comparison(mdp, pi, 1, G)
-        mse.append(f"G={G}: gap {r['gap']:.5f} = (G−1)/G·σ_V² {(G - 1) / G * r['sigma_v2']:.5f} "
-                   f"+ (E σ_Q² − E A²)/(G(G−1)) {(r['e_sigma_q2'] - r['e_a2']) / (G * (G - 1)):+.5f}")
+        mse.append(
+            f"G={G}: gap {r['gap']:.5f} = (G−1)/G·σ_V² {(G - 1) / G * r['sigma_v2']:.5f} "
+            f"+ (E σ_Q² − E A²)/(G(G−1)) {(r['e_sigma_q2'] - r['e_a2']) / (G * (G - 1)):+.5f}"
+        )
     ce = mse_comparison(counterexample_t2b(), uniform_policy(counterexample_t2b()), 0, 3)
     mse.append(f"counterexample: σ_V²={ce['sigma_v2']:.6f} > 0 but gap {ce['gap']:+.5f} < 0")
     zero = np.abs(est(np.random.default_rng(0).random((1000, 1)))).max()
@@ -120,8 +123,10 @@ def _is() -> dict[str, str]:
     eps, gaps = 0.2, []
     for T in (1, 2, 4, 8):
         rho = np.full(T, 1.3)
-        gaps.append(f"T={T}: ω={np.prod(rho):.3f} Πclip={np.prod(np.clip(rho, 1 - eps, 1 + eps)):.3f} "
-                    f"clip(ω)={np.clip(np.prod(rho), 1 - eps, 1 + eps):.3f}")
+        gaps.append(
+            f"T={T}: ω={np.prod(rho):.3f} Πclip={np.prod(np.clip(rho, 1 - eps, 1 + eps)):.3f} "
+            f"clip(ω)={np.clip(np.prod(rho), 1 - eps, 1 + eps):.3f}"
+        )
     return {"IS1": f"χ²={chi2:.4f}; Var(ω) (closed form): " + "; ".join(rows), "IS2": "; ".join(gaps)}
 
 
@@ -136,10 +141,15 @@ def _mm1() -> str:
         mean_rho.append(float(w @ np.sum(p_full, 1)))
         mean_log.append(float(w @ np.sum(p_roll * np.log(p_full / p_roll), 1)))
     ctx = make_context(mdp, policy=policy, params=theta, lr=0.2, seed=1)
-    ratios = [m["consistency/rollout_train_ratio"] for m in run_iteration(make_rtpo(G=4), ctx, 16)
-              if "consistency/rollout_train_ratio" in m]
-    return (f"flat: E[ρ] per turn {', '.join(f'{x:.6f}' for x in mean_rho)}; geometric mean exp(E log ρ) "
-            f"{', '.join(f'{np.exp(x):.4f}' for x in mean_log)}; RTPO ratio per phase {ratios}")
+    ratios = [
+        m["consistency/rollout_train_ratio"]
+        for m in run_iteration(make_rtpo(G=4), ctx, 16)
+        if "consistency/rollout_train_ratio" in m
+    ]
+    return (
+        f"flat: E[ρ] per turn {', '.join(f'{x:.6f}' for x in mean_rho)}; geometric mean exp(E log ρ) "
+        f"{', '.join(f'{np.exp(x):.4f}' for x in mean_log)}; RTPO ratio per phase {ratios}"
+    )
 
 
 def _cs1() -> str:

@@ -18,15 +18,18 @@ clip_ranges = st.sampled_from([0.05, 0.1, 0.2, 0.28, 0.5])
 
 
 @st.composite
-def small_mdps(draw, max_turns: int = 3, max_states: int = 3, max_actions: int = 3, bernoulli: bool | None = None) -> TurnMDP:
+def small_mdps(
+    draw, max_turns: int = 3, max_states: int = 3, max_actions: int = 3, bernoulli: bool | None = None
+) -> TurnMDP:
     """A random TurnMDP with sparse terminal rewards, γ = 1 and no early endings (the paper's setting,
     where the return counted from turn k is the whole episode's return)."""
     K = draw(st.integers(1, max_turns))
     S = draw(st.integers(2, max_states))
     A = draw(st.integers(2, max_actions))
     bern = draw(st.booleans()) if bernoulli is None else bernoulli
-    return random_mdp(draw(seeds), num_turns=K, num_states=S, num_actions=A, terminal_reward_only=True,
-                      bernoulli_rewards=bern)
+    return random_mdp(
+        draw(seeds), num_turns=K, num_states=S, num_actions=A, terminal_reward_only=True, bernoulli_rewards=bern
+    )
 
 
 def random_policy(mdp: TurnMDP, seed: int, concentration: float = 1.0) -> np.ndarray:

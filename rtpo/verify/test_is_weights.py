@@ -122,9 +122,13 @@ def _one_token_rows(log_ratio: np.ndarray, adv: np.ndarray) -> TurnBatch:
     n = log_ratio.size
     one = Ragged.from_dense(np.zeros((n, 1), np.int64))
     return TurnBatch(
-        contexts=Ragged.from_dense(np.zeros((n, 1), np.int64)), tokens=one,
-        old_logp=Ragged(np.zeros(n), one.offsets), advantages=Ragged(np.asarray(adv, np.float64), one.offsets),
-        seq_id=np.arange(n), weight=np.ones(n), turn=np.zeros(n),
+        contexts=Ragged.from_dense(np.zeros((n, 1), np.int64)),
+        tokens=one,
+        old_logp=Ragged(np.zeros(n), one.offsets),
+        advantages=Ragged(np.asarray(adv, np.float64), one.offsets),
+        seq_id=np.arange(n),
+        weight=np.ones(n),
+        turn=np.zeros(n),
     )
 
 

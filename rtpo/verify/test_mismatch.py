@@ -58,12 +58,12 @@ def _exact_rows(mdp, policy, theta, full_ids, k):
 
 def test_MM1_flat_ratio_mismatch_exact_eq2_10():
     """MM1, Eq. 2 / 10, exact over the rollout distribution at θ = θ_old, stated exactly:
-      * per token ρ_flat = π(a | S_k)/π_old(a | ψ(S_k)) ≠ 1 (with positive probability);
-      * its arithmetic mean is NOT biased: E_rollout[ρ_flat] = Σ_{a ∈ supp π_old(·|ψ)} π(a | S_k) = 1 for
-        full-support policies — the paper's "biased ratio" is not a biased *mean* (finding);
-      * its log-mean is: E_rollout[log ρ_flat] = −KL(π(·|ψ(S_k)) ‖ π(·|S_k)) < 0, so the geometric-mean
-        ratio the paper plots (0.89 for GRPO) is exp(−E KL) < 1 and RTPO's is 1;
-      * a positive fraction of tokens sits outside [1−ε, 1+ε] before any update (clipped at step 0).
+    * per token ρ_flat = π(a | S_k)/π_old(a | ψ(S_k)) ≠ 1 (with positive probability);
+    * its arithmetic mean is NOT biased: E_rollout[ρ_flat] = Σ_{a ∈ supp π_old(·|ψ)} π(a | S_k) = 1 for
+      full-support policies — the paper's "biased ratio" is not a biased *mean* (finding);
+    * its log-mean is: E_rollout[log ρ_flat] = −KL(π(·|ψ(S_k)) ‖ π(·|S_k)) < 0, so the geometric-mean
+      ratio the paper plots (0.89 for GRPO) is exp(−E KL) < 1 and RTPO's is 1;
+    * a positive fraction of tokens sits outside [1−ε, 1+ε] before any update (clipped at step 0).
     """
     mdp, policy, theta, full_ids = shared_setting()
     eps = 0.2
@@ -101,9 +101,13 @@ def test_MM1_flat_gradient_biased_rtpo_exact_eq10():
 
     def grad(ctx_ids: np.ndarray) -> np.ndarray:
         batch = TurnBatch(
-            contexts=Ragged.from_dense(np.stack([np.full(n * A, k), np.repeat(ctx_ids, A)], 1)), tokens=one,
-            old_logp=Ragged(np.log(p_roll).reshape(-1), one.offsets), advantages=Ragged(adv.reshape(-1), one.offsets),
-            seq_id=np.arange(n * A), weight=rows_w, turn=np.full(n * A, k),
+            contexts=Ragged.from_dense(np.stack([np.full(n * A, k), np.repeat(ctx_ids, A)], 1)),
+            tokens=one,
+            old_logp=Ragged(np.log(p_roll).reshape(-1), one.offsets),
+            advantages=Ragged(adv.reshape(-1), one.offsets),
+            seq_id=np.arange(n * A),
+            weight=rows_w,
+            turn=np.full(n * A, k),
         )
         th = torch.tensor(theta, requires_grad=True)
         lp = policy.log_probs(th, torch.full((n * A,), k), torch.as_tensor(np.repeat(ctx_ids, A)))

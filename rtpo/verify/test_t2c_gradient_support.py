@@ -46,14 +46,17 @@ def _sibling(prefix, response, feedback, next_response, model) -> Trajectory:
     seq = torch.as_tensor(np.concatenate([c_kp1, next_response]))
     with torch.no_grad():
         lp_all = torch.log_softmax(model(seq), -1).gather(1, seq[:, None]).squeeze(1).numpy()
-    lp_k = lp_all[len(c_k): len(c_k) + len(response)]
-    lp_kp1 = lp_all[len(c_kp1):]
+    lp_k = lp_all[len(c_k) : len(c_k) + len(response)]
+    lp_kp1 = lp_all[len(c_kp1) :]
     return Trajectory(
         contexts=Ragged.from_rows([c_k, c_kp1], dtype=np.int64),
         tokens=Ragged.from_rows([np.array(response), np.array(next_response)], dtype=np.int64),
         logp=Ragged.from_rows([lp_k, lp_kp1]),
-        rewards=np.array([0.0, 1.0 if sum(response) % 2 else 0.0]), durations=np.ones(2),
-        malformed=np.zeros(2, bool), query_id=0, start_turn=1,
+        rewards=np.array([0.0, 1.0 if sum(response) % 2 else 0.0]),
+        durations=np.ones(2),
+        malformed=np.zeros(2, bool),
+        query_id=0,
+        start_turn=1,
     )
 
 
@@ -68,8 +71,10 @@ def test_T2c_llm_gradient_only_on_turn_k_tokens_eq80():
         _sibling(prefix, [8, 8, 1, 6], [9, 0], [4], model),
     ]
     rewards = np.array([1.0, 0.0, 0.25])
-    sibs = [Trajectory(s.contexts, s.tokens, s.logp, np.array([0.0, r]), s.durations, s.malformed, 0, 1)
-            for s, r in zip(sibs, rewards)]
+    sibs = [
+        Trajectory(s.contexts, s.tokens, s.logp, np.array([0.0, r]), s.durations, s.malformed, 0, 1)
+        for s, r in zip(sibs, rewards)
+    ]
     adv = estimators.get("sibling_mean")(np.array([s.ret for s in sibs]))
     assert np.all(adv != 0)
     batch = turn_rows(sibs, np.zeros(len(sibs), np.int64), adv)

@@ -71,7 +71,11 @@ def test_a_gloo_weight_group_delivers_bit_exact_weights():
         assert list(got) == list(w)
         for k, v in w.items():
             assert type(got[k]) is type(v)
-            assert np.array_equal(got[k], v) if isinstance(v, np.ndarray) else torch.equal(got[k], v) and got[k].dtype == v.dtype
+            assert (
+                np.array_equal(got[k], v)
+                if isinstance(v, np.ndarray)
+                else torch.equal(got[k], v) and got[k].dtype == v.dtype
+            )
 
 
 def test_collective_needs_a_trainer_group():

@@ -20,10 +20,13 @@ def _batch(vocab: int, seed: int) -> TurnBatch:
     ctx_len, resp_len = (20, 4, 9, 33, 12), (6, 3, 8, 5, 7)
     tokens = Ragged.from_rows([rng.integers(0, vocab, n) for n in resp_len], dtype=np.int64)
     return TurnBatch(
-        contexts=Ragged.from_rows([rng.integers(0, vocab, n) for n in ctx_len], dtype=np.int64), tokens=tokens,
+        contexts=Ragged.from_rows([rng.integers(0, vocab, n) for n in ctx_len], dtype=np.int64),
+        tokens=tokens,
         old_logp=Ragged(np.full(tokens.values.size, -6.0), tokens.offsets),
         advantages=Ragged(rng.normal(size=tokens.values.size), tokens.offsets),
-        seq_id=np.array([0, 1, 1, 2, 3]), weight=np.ones(5), turn=np.zeros(5, np.int64),
+        seq_id=np.array([0, 1, 1, 2, 3]),
+        weight=np.ones(5),
+        turn=np.zeros(5, np.int64),
     )
 
 

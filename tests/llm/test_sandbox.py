@@ -67,16 +67,20 @@ def test_fork_bomb_is_contained_and_leaves_nothing():
 
 @kernel
 def test_background_process_dies_with_the_call():
-    code = ("import subprocess, os\n"
-            "subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
-            "os.setsid() if False else None\nprint('spawned')\n")
+    code = (
+        "import subprocess, os\n"
+        "subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        "os.setsid() if False else None\nprint('spawned')\n"
+    )
     r = run_python(code, FAST)
     assert r.stdout.strip() == "spawned"
     assert _sandbox_processes() == []
 
 
 def test_memory_bomb_hits_the_memory_limit():
-    r = run_python("x = bytearray(3 * 1024 ** 3)\nprint('allocated')", SandboxLimits(wall_time_s=6.0, memory_bytes=512 << 20))
+    r = run_python(
+        "x = bytearray(3 * 1024 ** 3)\nprint('allocated')", SandboxLimits(wall_time_s=6.0, memory_bytes=512 << 20)
+    )
     assert r.exit_code == 1 and "memory" in r.limits_hit and "allocated" not in r.stdout
 
 
@@ -109,10 +113,12 @@ def test_writes_outside_its_folder_do_not_appear(tmp_path):
         f"/run/lock/escape-{tag}.txt",
         os.path.join(os.getcwd(), f"escape-{tag}.txt"),
     ]
-    code = ("import os\nfor p in %r:\n"
-            "    try:\n        open(p, 'w').write('x')\n        print('wrote', p)\n"
-            "    except OSError as e:\n        print('denied', p, e.errno)\n"
-            "open('inside.txt', 'w').write('fine')\nprint(os.getcwd(), open('inside.txt').read())\n") % [str(t) for t in targets]
+    code = (
+        "import os\nfor p in %r:\n"
+        "    try:\n        open(p, 'w').write('x')\n        print('wrote', p)\n"
+        "    except OSError as e:\n        print('denied', p, e.errno)\n"
+        "open('inside.txt', 'w').write('fine')\nprint(os.getcwd(), open('inside.txt').read())\n"
+    ) % [str(t) for t in targets]
     r = run_python(code, FAST)
     assert r.exit_code == 0, r.stderr
     assert "fine" in r.stdout  # its own folder works
@@ -132,11 +138,13 @@ def test_no_network_even_to_the_hosts_loopback():
     server.listen(1)
     server.settimeout(0.2)
     port = server.getsockname()[1]
-    code = ("import socket\n"
-            "try:\n    socket.create_connection(('127.0.0.1', PORT), timeout=2)\n    print('CONNECTED')\n"
-            "except OSError as e:\n    print('refused', e)\n"
-            "try:\n    socket.getaddrinfo('example.com', 80)\n    print('RESOLVED')\n"
-            "except OSError as e:\n    print('no dns', e)\n").replace("PORT", str(port))
+    code = (
+        "import socket\n"
+        "try:\n    socket.create_connection(('127.0.0.1', PORT), timeout=2)\n    print('CONNECTED')\n"
+        "except OSError as e:\n    print('refused', e)\n"
+        "try:\n    socket.getaddrinfo('example.com', 80)\n    print('RESOLVED')\n"
+        "except OSError as e:\n    print('no dns', e)\n"
+    ).replace("PORT", str(port))
     try:
         r = run_python(code, FAST)
         with pytest.raises(socket.timeout):
@@ -156,9 +164,15 @@ def test_secrets_in_the_environment_do_not_pass(monkeypatch):
     secret = os.environ["RTPO_TEST_SECRET_TOKEN"]
     # other processes' /proc/<pid>/environ is hidden only by the kernel isolation (a fresh /proc)
     procs = ("/proc/PARENT/environ", "/proc/1/environ") if os.geteuid() == 0 else ()
-    code = ("import os\nprint(sorted(os.environ.items()))\n"
+    code = (
+        (
+            "import os\nprint(sorted(os.environ.items()))\n"
             "for p in PROCS + ('/proc/self/environ',):\n"
-            "    try:\n        print(open(p, 'rb').read())\n    except OSError as e:\n        print('no', p, e.errno)\n").replace("PROCS", repr(procs)).replace("PARENT", str(os.getpid()))
+            "    try:\n        print(open(p, 'rb').read())\n    except OSError as e:\n        print('no', p, e.errno)\n"
+        )
+        .replace("PROCS", repr(procs))
+        .replace("PARENT", str(os.getpid()))
+    )
     r = run_python(code, FAST)
     assert r.exit_code == 0, r.stderr
     assert secret not in r.stdout and "RTPO_TEST_SECRET_TOKEN" not in r.stdout
@@ -192,7 +206,9 @@ def test_concurrent_calls_are_isolated_from_each_other():
     import time
 
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    spawn = "import subprocess\nprint(subprocess.run(['echo', 'child ok'], capture_output=True, text=True).stdout.strip())"
+    spawn = (
+        "import subprocess\nprint(subprocess.run(['echo', 'child ok'], capture_output=True, text=True).stdout.strip())"
+    )
     lim = SandboxLimits(wall_time_s=6.0, cpu_time_s=3, max_processes=8)
     out = []
     t = threading.Thread(target=lambda: out.append(run_python(bomb, lim)))

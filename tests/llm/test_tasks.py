@@ -50,7 +50,7 @@ def test_limit_and_json_list(tmp_path):
         (['{"problem": "p", "answer": "1"}', "{not json"], "math500", r"bad\.jsonl:2: invalid JSON"),
         (['{"question": "", "answer": 3}'], "amc23", r"bad\.jsonl:1: field 'question' must be a non-empty string"),
         (['{"question": "q", "final_answer": []}'], "oe_math", r"bad\.jsonl:1: field 'final_answer': empty"),
-        (['[1, 2]'], "aime25", r"bad\.jsonl:1: expected a JSON object"),
+        (["[1, 2]"], "aime25", r"bad\.jsonl:1: expected a JSON object"),
         (['{"question": "q", "answer": null}'], "aime25", r"bad\.jsonl:1: field 'answer': expected a number"),
     ],
 )

@@ -1,7 +1,7 @@
 """Registered methods.  Each method lives in its own module here; importing this package registers all.
 
-    >>> from rtpo.core import methods
-    >>> cls = methods.get("rtpo"); method = cls(cls.Config(G=4))
+>>> from rtpo.core import methods
+>>> cls = methods.get("rtpo"); method = cls(cls.Config(G=4))
 """
 
 from __future__ import annotations

@@ -65,14 +65,20 @@ class ARPO(GRPO):
         cfg = self.cfg
         entropy = getattr(ctx.sampler, "normalized_entropy", None)
         if entropy is None:
-            raise TypeError(f"arpo needs a sampler with normalized_entropy(contexts, turn); {type(ctx.sampler).__name__} has none")
+            raise TypeError(
+                f"arpo needs a sampler with normalized_entropy(contexts, turn); {type(ctx.sampler).__name__} has none"
+            )
         query_ids = np.asarray(query_ids, dtype=np.int64)
         q = np.repeat(query_ids, cfg.N)
         res = rollout(ctx.env, ctx.sampler, ctx.env.reset(q, ctx.rng), q, ctx.rng, record_boundaries=True)
         ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
         all_b = [b for row in res.boundaries for b in row]
-        h = np.asarray(entropy(Ragged.from_rows([b.context for b in all_b], dtype=np.int64),
-                               np.array([b.k for b in all_b], np.int64)), np.float64)
+        h = np.asarray(
+            entropy(
+                Ragged.from_rows([b.context for b in all_b], dtype=np.int64), np.array([b.k for b in all_b], np.int64)
+            ),
+            np.float64,
+        )
         nq = len(query_ids)
         slots = np.full(nq, cfg.M - cfg.N)  # branch + fill slots left per query (by position in the batch)
         forks, pos = [], 0

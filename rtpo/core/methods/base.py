@@ -45,8 +45,14 @@ class UpdateConfig:
         self.loss_config()  # clip and ratio settings are checked where the loss defines them
 
     def loss_config(self, ratio: RatioLevel = "token", aggregation: Aggregation = "seq-mean-token-mean") -> LossConfig:
-        return LossConfig(clip_eps=self.clip_eps, clip_eps_high=self.clip_eps_high, ratio=ratio,
-                          aggregation=aggregation, log_ratio_clip=self.log_ratio_clip, kl_coef=self.kl_coef)
+        return LossConfig(
+            clip_eps=self.clip_eps,
+            clip_eps_high=self.clip_eps_high,
+            ratio=ratio,
+            aggregation=aggregation,
+            log_ratio_clip=self.log_ratio_clip,
+            kl_coef=self.kl_coef,
+        )
 
 
 @dataclass

@@ -128,7 +128,9 @@ class RTPO(Method):
             return metrics
         batch = turn_rows([sibs[i] for i in rows], np.zeros(rows.size, np.int64), adv.reshape(-1)[rows])
         metrics.update(rollout_train_ratio(ctx.learner, batch))
-        metrics.update(ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng))
+        metrics.update(
+            ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng)
+        )
         return metrics
 
     @staticmethod

@@ -41,15 +41,17 @@ def continuation_weight(learner: Learner, siblings: list[Trajectory], rho_min: f
     return estimators.clamped_trajectory_weight(new_d, old_d, rho_min, rho_max)
 
 
-def reweighted_returns(learner: Learner, siblings: list[Trajectory], rho_min: float, rho_max: float
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def reweighted_returns(
+    learner: Learner, siblings: list[Trajectory], rho_min: float, rho_max: float
+) -> tuple[np.ndarray, np.ndarray]:
     """(Q̂^off of Eq. 109 for each sibling, its ω̄).  With a sampler synced to the learner ω̄ ≡ 1 and
     Q̂^off is the plain return (Eq. 108)."""
     omega = continuation_weight(learner, siblings, rho_min, rho_max)
     r_k = np.array([s.rewards[0] for s in siblings])
     disc = np.array([s.gamma ** s.durations[0] if s.gamma != 1.0 else 1.0 for s in siblings])
-    f = np.array([discounted_return(s.rewards[1:], s.durations[1:], s.gamma) if s.num_turns > 1 else 0.0
-                  for s in siblings])
+    f = np.array(
+        [discounted_return(s.rewards[1:], s.durations[1:], s.gamma) if s.num_turns > 1 else 0.0 for s in siblings]
+    )
     return estimators.off_policy_turn_value(r_k, disc, f, omega), omega
 
 
@@ -107,5 +109,7 @@ class RTPOOffPolicy(RTPO):
         n = self.cfg.G - 1
         q_off, omega = reweighted_returns(ctx.learner, sibs, self.cfg.rho_min, self.cfg.rho_max)
         metrics["offpolicy/omega_mean"] = float(omega.mean())
-        metrics["offpolicy/omega_clamped_rate"] = float(np.mean((omega <= self.cfg.rho_min) | (omega >= self.cfg.rho_max)))
+        metrics["offpolicy/omega_clamped_rate"] = float(
+            np.mean((omega <= self.cfg.rho_min) | (omega >= self.cfg.rho_max))
+        )
         return self.train_on_siblings(ctx, sibs, q_off.reshape(-1, n), metrics)

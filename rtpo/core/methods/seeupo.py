@@ -49,11 +49,11 @@ class SeeUPOConfig(FlatUpdateConfig):
 @dataclass
 class SeeUPOIteration:
     trajectories: list
-    returns: np.ndarray    # (B,)
+    returns: np.ndarray  # (B,)
     task_mean: np.ndarray  # (B,) mean return of each trajectory's query group
-    m: np.ndarray          # (B,) the running downstream weight M
-    rows: TurnBatch        # every (trajectory, turn) row of the batch, built once
-    row_traj: np.ndarray   # (N,) trajectory of each row
+    m: np.ndarray  # (B,) the running downstream weight M
+    rows: TurnBatch  # every (trajectory, turn) row of the batch, built once
+    row_traj: np.ndarray  # (N,) trajectory of each row
 
 
 @register_method("seeupo")
@@ -77,8 +77,9 @@ class SeeUPO(Method):
         full = training_contexts([(t, j) for t, (_, j) in zip(trajs, pairs)], self.cfg.train_context)
         if full is not None:
             rows = dataclasses.replace(rows, contexts=full)
-        data = SeeUPOIteration(res.trajectories, returns, task_mean, np.ones(len(returns)), rows,
-                               np.array([i for i, _ in pairs], np.int64))
+        data = SeeUPOIteration(
+            res.trajectories, returns, task_mean, np.ones(len(returns)), rows, np.array([i for i, _ in pairs], np.int64)
+        )
         return IterationState(pending=list(range(ctx.env.num_turns - 1, -1, -1)), data=data)
 
     def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
@@ -94,15 +95,18 @@ class SeeUPO(Method):
         adv = estimators.seeupo_advantage(d.returns[rows], d.task_mean[rows], self.cfg.adv_clip)
         sub = d.rows.take(idx)
         # A·M through the row weight (M > 0, so min(ρAM, clip(ρ)AM) = M·min(ρA, clip(ρ)A))
-        batch = dataclasses.replace(sub, advantages=Ragged(np.repeat(adv, sub.tokens.lengths), sub.tokens.offsets),
-                                    weight=d.m[rows])
+        batch = dataclasses.replace(
+            sub, advantages=Ragged(np.repeat(adv, sub.tokens.lengths), sub.tokens.offsets), weight=d.m[rows]
+        )
         groups = d.returns.reshape(-1, self.cfg.G)
-        metrics.update({
-            "return/mean": float(d.returns[rows].mean()),
-            "adv/zero_rate": float(estimators.zero_advantage_mask(groups).mean()),
-            "adv/abs_mean": float(np.abs(adv).mean()),
-            "seeupo/m_mean": float(d.m[rows].mean()),
-        })
+        metrics.update(
+            {
+                "return/mean": float(d.returns[rows].mean()),
+                "adv/zero_rate": float(estimators.zero_advantage_mask(groups).mean()),
+                "adv/abs_mean": float(np.abs(adv).mean()),
+                "seeupo/m_mean": float(d.m[rows].mean()),
+            }
+        )
         metrics.update(rollout_train_ratio(ctx.learner, batch))
         metrics.update(ppo_update(ctx.learner, batch, self.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng))
         new = ctx.learner.logprobs(batch)

@@ -101,7 +101,8 @@ class TreeGRPO(GRPO):
         adv = estimators.tree_advantage(returns)
         flat_r = returns.reshape(returns.shape[0], -1)
         metrics = {
-            "phase/turn": -1.0, **data.metrics,
+            "phase/turn": -1.0,
+            **data.metrics,
             "return/mean": float(returns.mean()),
             "adv/zero_rate": float(estimators.zero_advantage_mask(flat_r).mean()),
             "adv/abs_mean": float(np.abs(adv).mean()),

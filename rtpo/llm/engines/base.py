@@ -78,8 +78,10 @@ def fit_to_model_len(limits: np.ndarray, context_lengths: np.ndarray, max_model_
     room = int(max_model_len) - np.asarray(context_lengths, dtype=np.int64)
     if room.size and room.min() < 1:
         i = int(room.argmin())
-        raise ValueError(f"context {i} has {int(context_lengths[i])} tokens, no room for a response within "
-                         f"max_model_len={max_model_len}: set task.max_context_tokens below backend.max_model_len")
+        raise ValueError(
+            f"context {i} has {int(context_lengths[i])} tokens, no room for a response within "
+            f"max_model_len={max_model_len}: set task.max_context_tokens below backend.max_model_len"
+        )
     return np.minimum(limits, room)
 
 

@@ -52,8 +52,14 @@ class HFEngine:
     max_model_len: context + response limit (as vLLM's); None = the model's max_position_embeddings.
     """
 
-    def __init__(self, model_path: str | os.PathLike, sampling: SamplingConfig, dtype: torch.dtype = torch.float32,
-                 device: str = "cpu", max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        sampling: SamplingConfig,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        max_model_len: int | None = None,
+    ) -> None:
         self.model_path = str(model_path)
         self.sampling = sampling
         self.device = torch.device(device)
@@ -111,8 +117,13 @@ class HFEngine:
         past: Any = None
         step_ids, step_pos = input_ids, position
         for t in range(int(limits.max())):
-            out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=step_pos,
-                             past_key_values=past, use_cache=True)
+            out = self.model(
+                input_ids=step_ids,
+                attention_mask=attention,
+                position_ids=step_pos,
+                past_key_values=past,
+                use_cache=True,
+            )
             past = out.past_key_values
             lp = processed_logprobs(out.logits[:, -1, :], cfg)
             if cfg.greedy:
@@ -130,8 +141,9 @@ class HFEngine:
             step_pos = step_pos[:, -1:] + 1
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         lens = length.numpy()
-        return to_generation([out_tokens[i, : lens[i]].numpy() for i in range(num)],
-                             [out_logp[i, : lens[i]].numpy() for i in range(num)])
+        return to_generation(
+            [out_tokens[i, : lens[i]].numpy() for i in range(num)], [out_logp[i, : lens[i]].numpy() for i in range(num)]
+        )
 
     # -- helpers the tests and the benchmark use ------------------------------------------------
     @torch.no_grad()

@@ -85,10 +85,18 @@ class VLLMEngine:
     llm_kwargs:   anything else for vllm.LLM (tensor_parallel_size, gpu_memory_utilization, ...).
     """
 
-    def __init__(self, model_path: str | os.PathLike, sampling: SamplingConfig, seed: int = 0,
-                 block_size: int = 32, max_model_len: int | None = None, dtype: str = "float32",
-                 kv_cache_gb: float | None = 1.0, enable_prefix_caching: bool = True,
-                 **llm_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        sampling: SamplingConfig,
+        seed: int = 0,
+        block_size: int = 32,
+        max_model_len: int | None = None,
+        dtype: str = "float32",
+        kv_cache_gb: float | None = 1.0,
+        enable_prefix_caching: bool = True,
+        **llm_kwargs: Any,
+    ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             from vllm import LLM
@@ -98,13 +106,21 @@ class VLLMEngine:
         self.model_path = str(model_path)
         self.sampling = sampling
         # weights pass by reference only when the one worker lives in this process
-        self.in_process = (os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-                           and int(llm_kwargs.get("tensor_parallel_size", 1)) == 1)
+        self.in_process = (
+            os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+            and int(llm_kwargs.get("tensor_parallel_size", 1)) == 1
+        )
         self.on_cpu = bool(current_platform.is_cpu())
         kwargs: dict[str, Any] = dict(
-            model=self.model_path, tokenizer=self.model_path, dtype=dtype, seed=seed,
-            enable_prefix_caching=enable_prefix_caching, block_size=block_size,
-            logprobs_mode="processed_logprobs", max_logprobs=1, enforce_eager=True,
+            model=self.model_path,
+            tokenizer=self.model_path,
+            dtype=dtype,
+            seed=seed,
+            enable_prefix_caching=enable_prefix_caching,
+            block_size=block_size,
+            logprobs_mode="processed_logprobs",
+            max_logprobs=1,
+            enforce_eager=True,
             disable_log_stats=False,  # keeps the prefix-cache counters for prefix_cache_stats()
         )
         if max_model_len is not None:
@@ -118,7 +134,9 @@ class VLLMEngine:
             kwargs["enable_chunked_prefill"] = False
             import json
 
-            model_max = json.loads((Path(self.model_path) / "config.json").read_text()).get("max_position_embeddings", 0)
+            model_max = json.loads((Path(self.model_path) / "config.json").read_text()).get(
+                "max_position_embeddings", 0
+            )
             kwargs["max_num_batched_tokens"] = max(int(max_model_len or model_max or 0), 8192)
         kwargs.update(llm_kwargs)
         if self.on_cpu and not self.in_process:
@@ -132,7 +150,7 @@ class VLLMEngine:
         self.eos_ids = model_stop_ids(self.model_path)
         self.weight_names = _checkpoint_names(self.model_path) | ({"lm_head.weight"} if self.tied else set())
         self.loaded_version: Any = None  # `version` of the weights dict loaded last (None: unknown)
-        self.reloads = 0                 # in-place reloads actually done
+        self.reloads = 0  # in-place reloads actually done
 
     @property
     def stop_ids(self) -> list[int]:
@@ -153,8 +171,14 @@ class VLLMEngine:
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in c]) for c in contexts]
         params = [
             SamplingParams(
-                n=n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=int(limit),
-                stop_token_ids=list(self.stop_ids), logprobs=0, seed=int(seed), detokenize=False,
+                n=n,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                max_tokens=int(limit),
+                stop_token_ids=list(self.stop_ids),
+                logprobs=0,
+                seed=int(seed),
+                detokenize=False,
                 skip_special_tokens=False,
             )
             for limit, seed in zip(limits, seeds)

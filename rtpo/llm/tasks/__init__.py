@@ -11,4 +11,13 @@ from rtpo.llm.tasks.math import (
     load_math,
 )
 
-__all__ = ["LAYOUTS", "TASK_BUILDERS", "MathDataError", "MathItem", "MathTask", "arithmetic_task", "build_task", "load_math"]
+__all__ = [
+    "LAYOUTS",
+    "TASK_BUILDERS",
+    "MathDataError",
+    "MathItem",
+    "MathTask",
+    "arithmetic_task",
+    "build_task",
+    "load_math",
+]

@@ -133,7 +133,9 @@ def _records(path: str) -> Iterator[tuple[int, Any]]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise MathDataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert to JSONL") from None
+            raise MathDataError(
+                f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert to JSONL"
+            ) from None
         yield from enumerate(pq.read_table(path).to_pylist(), start=1)
         return
     with open(path, encoding="utf-8") as f:
@@ -186,8 +188,9 @@ def load_math(path: str | os.PathLike, layout: str, name: str | None = None, lim
     return MathTask(name or f"{layout}:{os.path.basename(path)}", tuple(items))
 
 
-def arithmetic_task(n: int, seed: int, max_operand: int = 99, num_operands: int = 3,
-                    ops: Sequence[str] = ("+", "-", "*")) -> MathTask:
+def arithmetic_task(
+    n: int, seed: int, max_operand: int = 99, num_operands: int = 3, ops: Sequence[str] = ("+", "-", "*")
+) -> MathTask:
     """n seeded integer-arithmetic problems (quick runs): e.g. 'Compute 17 * 4 - 23.'; gold is the exact value."""
     if n <= 0 or num_operands < 2 or max_operand < 1:
         raise ValueError("arithmetic_task needs n > 0, num_operands >= 2, max_operand >= 1")
@@ -202,8 +205,11 @@ def arithmetic_task(n: int, seed: int, max_operand: int = 99, num_operands: int 
             terms += [rng.choice(list(ops)), str(rng.randint(1, max_operand))]
         expr = " ".join(terms)
         value = _eval_int(terms)
-        items.append(MathItem(f"arith-{seed}-{i}", f"Compute {expr}. Put the final answer in \\boxed{{}}.",
-                              str(value), "arithmetic"))
+        items.append(
+            MathItem(
+                f"arith-{seed}-{i}", f"Compute {expr}. Put the final answer in \\boxed{{}}.", str(value), "arithmetic"
+            )
+        )
     return MathTask(f"arithmetic(n={n},seed={seed})", tuple(items))
 
 
