@@ -56,13 +56,17 @@ class BackendSpec:
     solve:         optional (ScenarioConfig) -> text for `rtpo solve` (exact optimum and policy).
     build_role:    optional (ScenarioConfig, role) -> RunContext holding only what one worker role of a
                    distributed run uses ("rollout": env + sampler, "trainer": learner, "driver": all);
-                   without it every worker runs the full build (rtpo.distributed.ScenarioFactory)."""
+                   without it every worker runs the full build (rtpo.distributed.ScenarioFactory).
+    memory:        optional (ScenarioConfig) -> [(key, bytes), ...]: what building and one iteration would
+                   allocate, by the config key that drives each part; the loader refuses a scenario whose
+                   total exceeds the machine's memory, naming the largest part's key."""
 
     config: type
     parse_task: Callable[[Any], Any]
     build: Callable[[ScenarioConfig], BuiltBackend]
     solve: Callable[[ScenarioConfig], str] | None = None
     build_role: Callable[[ScenarioConfig, str], RunContext] | None = None
+    memory: Callable[[ScenarioConfig], list[tuple[str, int]]] | None = None
 
 
 BACKENDS: Registry[BackendSpec] = Registry("backend")

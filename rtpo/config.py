@@ -10,7 +10,10 @@ that starts with the offending key (`method.G: must be >= 2 ..., got 1`).
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
+import reprlib
 import typing
 from dataclasses import asdict
 from importlib import resources
@@ -43,14 +46,53 @@ _Loader.add_implicit_resolver(
 )
 
 
+MAX_SCENARIO_NODES = 100_000  # values in a scenario after expanding YAML aliases; real ones have < 1,000
+
+
 def parse_yaml(text: str, where: str) -> Any:
     try:
-        return yaml.load(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError(f"{where}: invalid YAML{at}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: invalid YAML: nested too deeply") from None
+    check_plain_data(data, where)
+    return data
+
+
+def check_plain_data(data: Any, where: str = "scenario") -> None:
+    """Refuse what no scenario means but YAML can say: an alias bomb (a few lines that expand to billions
+    of values: counted per shared node, never expanded), nesting deeper than a stack, and non-finite
+    numbers (`.nan`, `.inf`: a NaN learning rate runs to the end and reports NaN).  The error names the
+    first offending key path."""
+    sizes: dict[int, int] = {}  # id(container) -> values below it once expanded (shared nodes counted once)
+
+    def size(node: Any, path: str, depth: int) -> int:
+        if isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(f"{path or where}: must be a finite number, got {node!r}")
+        if not isinstance(node, (dict, list)):
+            return 1
+        if depth > 100:
+            raise ConfigError(f"{path or where}: nested more than 100 levels deep")
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        sizes[key] = 0  # a self-referencing alias counts as nothing more
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        total = 1
+        for k, v in items:
+            total += size(v, f"{path}.{k}" if path else str(k), depth + 1)
+            if total > MAX_SCENARIO_NODES:
+                raise ConfigError(
+                    f"{path or where}: expands to more than {MAX_SCENARIO_NODES:,} values (YAML aliases?)"
+                )
+        sizes[key] = total
+        return total
+
+    size(data, "", 0)
 
 
 # -- sections shared by every backend ---------------------------------------------------------------
@@ -149,8 +191,15 @@ class ScenarioConfig(BaseModel):
 
 
 # -- validation helpers (also used by backends for their task sections) -----------------------------
+_SHORT = reprlib.Repr()  # Python 3.11's Repr takes no keyword arguments
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxset = 2, 3, 3, 3, 3
+_SHORT.maxstring = _SHORT.maxlong = _SHORT.maxother = 40
+
+
 def _fmt_input(value: Any) -> str:
-    text = repr(value)
+    """A short rendering of a bad value: bounded work and length whatever the value (an alias bomb, a
+    400-digit int), so an error message can never hang or flood."""
+    text = _SHORT.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -236,6 +285,7 @@ def parse_scenario(data: Any) -> ScenarioConfig:
 
     if not isinstance(data, dict):
         raise ConfigError(f"scenario: must be a mapping of sections, got {_fmt_input(data)}")
+    check_plain_data(data)  # also for data that did not come through parse_yaml (Python callers, overrides)
     for key in data:
         if key not in SECTIONS:
             raise ConfigError(f"{key}: unknown key (valid: {', '.join(SECTIONS)})")
@@ -277,7 +327,7 @@ def parse_scenario(data: Any) -> ScenarioConfig:
             Resources.from_dict(resources_raw)
         except (ValueError, TypeError) as e:
             raise ConfigError(str(e).splitlines()[0]) from None
-    return ScenarioConfig(
+    cfg = ScenarioConfig(
         name=name,
         seed=seed,
         backend=backend,
@@ -286,6 +336,28 @@ def parse_scenario(data: Any) -> ScenarioConfig:
         resources=resources_raw,
         **sections,
     )
+    if spec.memory is not None:
+        check_memory(spec.memory(cfg))
+    return cfg
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory of this machine (RTPO_MEMORY_LIMIT_GB overrides it, e.g. for a shared node)."""
+    override = os.environ.get("RTPO_MEMORY_LIMIT_GB")
+    if override:
+        return int(float(override) * 2**30)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(parts: list[tuple[str, int]]) -> None:
+    """Refuse, before anything is allocated, a scenario whose estimated footprint exceeds the machine."""
+    total, limit = sum(b for _, b in parts), machine_memory_bytes()
+    if total > limit:
+        key, _ = max(parts, key=lambda p: p[1])
+        raise ConfigError(
+            f"{key}: the scenario would need about {total / 2**30:,.1f} GiB, more than this machine's "
+            f"{limit / 2**30:,.1f} GiB (RTPO_MEMORY_LIMIT_GB overrides the limit)"
+        )
 
 
 # -- files and overrides -----------------------------------------------------------------------------

@@ -174,6 +174,31 @@ def solve_text(cfg: ScenarioConfig) -> str:
     return "\n".join(out)
 
 
+# Bytes per unit, generous on purpose (a refusal must never be wrong by much the other way): a sparse
+# MDP entry is a successor id and a probability plus the solver's temporaries; a policy cell holds the
+# parameter, its gradient and Adam's two moments; a sampled turn is a few Python objects and arrays.
+_BYTES_PER_MDP_ENTRY = 64
+_BYTES_PER_POLICY_CELL = 4 * 8
+_BYTES_PER_SAMPLED_TURN = 2048
+
+
+def memory_estimate(cfg) -> list[tuple[str, int]]:
+    """What building the MDP, the policy and one iteration's rollouts would allocate, by the key driving it."""
+    K, S, A, B = TASKS.get(cfg.task.kind).shape(cfg.task.params)
+    dims = {"num_turns": K, "num_states": S, "num_actions": A}
+    size_key = "task." + max((n for n in dims if hasattr(cfg.task.params, n)), key=dims.get)
+    per_query = cfg.method.build().rollouts_per_query(K) or getattr(cfg.method.config, "G", 1) * K
+    rollouts = cfg.budget.queries_per_iteration * per_query
+    return [
+        (size_key, K * S * A * B * _BYTES_PER_MDP_ENTRY),
+        (size_key, K * S * A * _BYTES_PER_POLICY_CELL),
+        ("budget.queries_per_iteration", int(rollouts * K * _BYTES_PER_SAMPLED_TURN)),
+    ]
+
+
 register_backend(
-    "tabular", BackendSpec(config=TabularBackendConfig, parse_task=parse_task, build=build, solve=solve_text)
+    "tabular",
+    BackendSpec(
+        config=TabularBackendConfig, parse_task=parse_task, build=build, solve=solve_text, memory=memory_estimate
+    ),
 )
