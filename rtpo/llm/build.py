@@ -124,7 +124,11 @@ def parse_task(data: Any) -> LLMTaskConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"task: must be a mapping, got {data!r}")
     kind = data.get("kind")
-    valid = ["arithmetic", *LAYOUTS.names()]
+    if kind == "airline":
+        from rtpo.llm.airline.build import parse_airline_task
+
+        return parse_airline_task(data)
+    valid = ["arithmetic", "airline", *LAYOUTS.names()]
     if kind not in valid:
         raise ConfigError(f"task.kind: unknown LLM task {kind!r} (valid: {', '.join(valid)})")
     try:
@@ -135,6 +139,11 @@ def parse_task(data: Any) -> LLMTaskConfig:
 
 def load_task(task: LLMTaskConfig, which: str = "train"):
     from rtpo.llm.tasks.math import MathDataError, arithmetic_task, load_math
+
+    if task.kind == "airline":
+        from rtpo.llm.airline.build import load_airline_tasks
+
+        return load_airline_tasks(task, which)
 
     try:
         if task.kind == "arithmetic":
@@ -259,7 +268,7 @@ def sampled_eval_of(
             "top_p": eval_sampling.top_p,
             "max_tokens_per_turn": b.max_tokens,
             "num_turns": task.num_turns,
-            "answer_parse": task.answer_parse,
+            "answer_parse": getattr(task, "answer_parse", None),
             "context_map": task.context_map,
         },
         default_problems=task.eval_queries,
@@ -347,6 +356,10 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
             return make_env(MathTask(t.name, kept), which)
         return env
 
+    if task.kind == "airline":  # the τ²-airline environment (rtpo.llm.airline) replaces the math one
+        from rtpo.llm.airline.build import airline_env_factory
+
+        make_env = airline_env_factory(task, tokenizer, limit, model_dir, b.max_model_len)
     env = make_env(train_task, "train")
     train_task = env.task  # without any dropped problems
     stop = tuple(sorted(env.chat.stop_ids))
