@@ -156,6 +156,16 @@ class EvalSamples:
                 "context_overflow_rate": (
                     None if c is None or "turns" not in c else float(c.get("context_overflow", 0)) / episodes
                 ),
+                # τ³-airline's Tables 8, 9, 14 (Appendix G); None where the environment keeps no such counter
+                "tokens_per_turn": float(self.tokens.sum()) / max(turns, 1),
+                "tokens_per_success": (
+                    float(self.tokens[self.success].sum()) / int(self.success.sum()) if self.success.any() else None
+                ),
+                "tool_calls_attempted": None if c is None else float(c.get("tool/attempted", calls or 0)),
+                "tool_error_calls": None if c is None or "tool/errors" not in c else float(c["tool/errors"]),
+                "normal_termination_rate": (
+                    None if c is None or "end/normal" not in c else float(c["end/normal"]) / episodes
+                ),
                 "num_problems": self.num_problems,
                 "samples_per_problem": self.samples,
                 "num_episodes": int(episodes),
@@ -224,6 +234,10 @@ _IN_RUN_KEYS = {
     "truncation_rate": "eval/truncation_rate",
     "malformed_rate": "eval/malformed_rate",
     "context_overflow_rate": "eval/context_overflow_rate",
+    "tokens_per_turn": "eval/tokens_per_turn",
+    "tokens_per_success": "eval/tokens_per_success",
+    "tool_error_calls": "eval/tool_error_calls",
+    "normal_termination_rate": "eval/normal_termination_rate",
 }
 
 
