@@ -64,6 +64,32 @@ class LLMBackendConfig(BackendConfig):
     gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
 
 
+class SandboxSection(BaseModel):
+    """`task.sandbox`: limits of one Python tool call (rtpo.llm.sandbox.SandboxLimits)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+    wall_time_s: float = Field(10.0, gt=0, le=3600, description="wall-clock budget of one call")
+    cpu_time_s: int = Field(5, ge=1, le=3600, description="CPU seconds of one call")
+    memory_mb: int = Field(1024, ge=16, le=1 << 20, description="memory of one call, all its processes together")
+    max_processes: int = Field(32, ge=1, le=4096, description="processes and threads of one call")
+    allow_unisolated: bool = Field(
+        False,
+        description="where kernel isolation cannot be set up, run calls with resource limits only (logged "
+        "loudly, metric tool/unisolated); false (default): such calls are refused",
+    )
+
+    def limits(self):
+        from rtpo.llm.sandbox import SandboxLimits
+
+        return SandboxLimits(
+            wall_time_s=self.wall_time_s,
+            cpu_time_s=self.cpu_time_s,
+            memory_bytes=self.memory_mb * 1024 * 1024,
+            max_processes=self.max_processes,
+            allow_unisolated=self.allow_unisolated,
+        )
+
+
 class LLMTaskConfig(BaseModel):
     """Math with a sandboxed Python tool: `kind` arithmetic (generated) or a benchmark layout read from `path`."""
 
@@ -102,6 +128,7 @@ class LLMTaskConfig(BaseModel):
         description="leave out problems whose prompt alone exceeds max_context_tokens "
         "(false: such a problem is a config error naming it)",
     )
+    sandbox: SandboxSection = Field(default_factory=SandboxSection, description="limits of one tool call")
     answer_parse: Literal["boxed", "last_integer", "last_digit"] = Field(
         "boxed",
         description="boxed: the last \\boxed{} (paper); last_integer / last_digit: lenient, for tiny "
@@ -338,6 +365,7 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
                 answer_parse=task.answer_parse,
                 full_context_map=task.full_context_map,
                 max_context_tokens=limit,
+                sandbox=task.sandbox.limits(),
             )
         except (KeyError, ValueError) as e:
             raise ConfigError(f"task: {' '.join(str(e).split())}") from None
