@@ -165,3 +165,31 @@ def test_scripted_user_answers_identity_confirmation_and_ends():
 
 def test_empty_reply_text_is_replaced():
     assert EMPTY_USER_REPLY
+
+
+def test_llm_user_on_a_real_engine_plays_without_crashing(tiny_model_dir):
+    """The llm simulator on the HF engine of a tiny random model: garbage text, but a run goes on; its
+    prompt carries the scenario; a reply of no tokens becomes the fixed line."""
+    from rtpo.llm.airline.user import LLMUser
+    from rtpo.llm.engines import HFEngine, SamplingConfig
+
+    tok = load_qwen3_tokenizer(str(tiny_model_dir))
+    engine = HFEngine(tiny_model_dir, SamplingConfig(temperature=1.0, max_tokens=6))
+    user = LLMUser(engine, tok, max_replies=2)
+    state, opening = user.start(ALL[0])
+    assert "emma_kim_9957" in opening and "EHGLP3" in state[0][1]
+    env = AirlineEnv(DATA, ALL, tok, user, num_turns=4, enable_thinking=False, include_policy=False)
+    rng = np.random.default_rng(0)
+    eps, rewards = _play(env, [0, 1], [["May I have your user id?"], ["Anything else?"]], rng)
+    m = env.pop_metrics()
+    assert m["user/replies"] >= 2 and not np.isnan(rewards).any()
+    assert all(len(e.user_state) >= 3 for e in eps)  # system, opening, the agent's message, the user's reply
+
+    class Mute:
+        def generate(self, contexts, turn, n, rng):
+            empty = Ragged.from_rows([np.zeros(0, np.int64)] * len(contexts), dtype=np.int64)
+            return Generation(empty, Ragged(np.zeros(0), empty.offsets))
+
+    env = AirlineEnv(DATA, ALL, tok, LLMUser(Mute(), tok), num_turns=2, enable_thinking=False, include_policy=False)
+    _play(env, [0], [["Hello?"]], rng)
+    assert env.pop_metrics()["user/empty"] == 2
