@@ -273,8 +273,8 @@ def resolve_target(target: str, overrides: Sequence[str] = (), scenario: str | N
     """TARGET = a scenario file (its initial policy), a run folder of `rtpo run` or its checkpoint.pkl
     (the checkpoint's policy; the run's config.yaml plus overrides), or a HF model folder (one written
     by save_pretrained) together with `scenario` (which gets backend.model=<folder>)."""
+    from rtpo.checkpoint import CHECKPOINT, CONFIG
     from rtpo.config import ConfigError, load_scenario
-    from rtpo.run import CHECKPOINT, CONFIG
 
     p = Path(target)
     if not p.exists():
@@ -302,18 +302,9 @@ def resolve_target(target: str, overrides: Sequence[str] = (), scenario: str | N
 def load_checkpoint_policy(checkpoint: Path, learner: Any) -> dict[str, Any]:
     """Load the learner state of a run checkpoint (as `rtpo run --resume` does); returns where the run
     was (iteration, global phase).  Only the policy is needed: the sampler, rng and budget are not."""
-    import pickle
+    from rtpo.checkpoint import read_checkpoint
 
-    from rtpo.config import ConfigError
-    from rtpo.run import _CKPT_VERSION
-
-    try:
-        state = pickle.loads(Path(checkpoint).read_bytes())
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError) as e:
-        raise ConfigError(f"{checkpoint}: unreadable checkpoint ({e})") from None
-    if not isinstance(state, dict) or state.get("version") != _CKPT_VERSION:
-        version = state.get("version") if isinstance(state, dict) else None
-        raise ConfigError(f"{checkpoint}: checkpoint version {version} is not {_CKPT_VERSION}")
+    state = read_checkpoint(Path(checkpoint))
     learner.load_state_dict(state["learner"])
     prog = state.get("progress", {})
     return {

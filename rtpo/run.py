@@ -16,7 +16,6 @@ import dataclasses
 import json
 import math
 import os
-import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +23,20 @@ from typing import Any
 
 import numpy as np
 
+from rtpo import checkpoint
 from rtpo.backends import BuiltBackend, get_backend
+from rtpo.checkpoint import (
+    CONFIG,
+    CURVE,
+    METRICS,
+    SUMMARY,
+    SUMMARY_JSON,
+    atomic_write_text,
+    read_metrics,
+    truncate_metrics,
+)
 from rtpo.config import ConfigError, ScenarioConfig, load_scenario
 from rtpo.core.budget import Budget
-
-CHECKPOINT = "checkpoint.pkl"
-METRICS = "metrics.jsonl"
-CONFIG = "config.yaml"
-_CKPT_VERSION = 1
 
 
 @dataclass
@@ -57,21 +62,13 @@ class _Progress:
     stopped_by: str | None = None
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write_bytes(path, text.encode())
-
-
 def _new_run_dir(out_root: Path, cfg: ScenarioConfig) -> Path:
-    out_root.mkdir(parents=True, exist_ok=True)
+    if out_root.exists() and not out_root.is_dir():
+        raise ConfigError(f"--out {out_root}: exists and is not a folder")
+    try:
+        out_root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out_root}: cannot create the folder ({e.strerror or e})") from None
     stem = f"{cfg.name}-{cfg.method.name}-{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     for i in range(1, 1000):
         path = out_root / (stem if i == 1 else f"{stem}-{i}")
@@ -93,57 +90,25 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def read_metrics(run_dir: Path, limit: int | None = None) -> list[dict]:
-    """The complete lines of metrics.jsonl (at most `limit`); a torn last line is ignored."""
-    path = Path(run_dir) / METRICS
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        if limit is not None and len(out) >= limit:
-            break
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
-
-
-def _save_checkpoint(run_dir: Path, built: BuiltBackend, prog: _Progress) -> None:
+def _save_checkpoint(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, prog: _Progress) -> None:
     ctx = built.ctx
     state = {
-        "version": _CKPT_VERSION,
         "learner": ctx.learner.state_dict(),
         "sampler": built.sampler_state(),
         "rng": ctx.rng.bit_generator.state,
         "budget": dataclasses.asdict(ctx.budget),
         "progress": {f.name: getattr(prog, f.name) for f in dataclasses.fields(prog)},
     }
-    _atomic_write_bytes(run_dir / CHECKPOINT, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    checkpoint.write_checkpoint(run_dir, cfg, state)
 
 
-def _load_checkpoint(run_dir: Path, built: BuiltBackend) -> _Progress:
-    try:
-        state = pickle.loads((run_dir / CHECKPOINT).read_bytes())
-    except (OSError, pickle.UnpicklingError, EOFError) as e:
-        raise ConfigError(f"--resume {run_dir}: unreadable checkpoint ({e})") from None
-    if state.get("version") != _CKPT_VERSION:
-        raise ConfigError(f"--resume {run_dir}: checkpoint version {state.get('version')} is not {_CKPT_VERSION}")
+def _restore(state: dict, built: BuiltBackend) -> _Progress:
     ctx = built.ctx
     ctx.learner.load_state_dict(state["learner"])
     built.load_sampler_state(state["sampler"])
     ctx.rng.bit_generator.state = state["rng"]
     ctx.budget = Budget(**state["budget"])
     return _Progress(**state["progress"])
-
-
-def _truncate_metrics(run_dir: Path, lines: int) -> None:
-    """Keep exactly the first `lines` metric lines: the phases the checkpoint covers."""
-    kept = read_metrics(run_dir, lines)
-    if len(kept) < lines:
-        raise ConfigError(f"--resume {run_dir}: metrics.jsonl has {len(kept)} lines, checkpoint expects {lines}")
-    text = "".join(json.dumps(m) + "\n" for m in kept)
-    _atomic_write_text(run_dir / METRICS, text)
 
 
 def _query_ids(iteration: int, count: int, num_queries: int | None) -> np.ndarray:
@@ -182,6 +147,7 @@ def run_scenario(
 
     On resume the run's own config.yaml is authoritative; a `cfg` that differs from it is an error.
     """
+    state = None
     if resume is not None:
         run_dir = Path(resume)
         if not (run_dir / CONFIG).is_file():
@@ -190,11 +156,12 @@ def run_scenario(
         if cfg is not None and cfg.to_dict() != saved.to_dict():
             raise ConfigError(f"--resume {run_dir}: the given scenario differs from the run's {CONFIG}")
         cfg = saved
+        state = checkpoint.resume_state(run_dir, cfg)  # verified before anything is built or touched
     else:
         if cfg is None:
             raise ConfigError("run_scenario needs a scenario config or resume=RUN_DIR")
         run_dir = _new_run_dir(Path(out_root), cfg)
-        _atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
+        atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
 
     built = get_backend(cfg.backend.kind).build(cfg)
     if cfg.backend.distributed != "none":
@@ -202,20 +169,20 @@ def run_scenario(
 
         built = distribute(built, cfg, cfg.backend.distributed, cfg.resources, cfg.backend.address)
     try:
-        return _run_loop(cfg, built, run_dir, resume, progress)
+        return _run_loop(cfg, built, run_dir, state, progress)
     finally:
         getattr(built.ctx, "shutdown", lambda: None)()
 
 
-def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, resume, progress: bool) -> RunResult:
+def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: dict | None, progress: bool) -> RunResult:
     method = cfg.method.build()
     ctx = built.ctx
-    if resume is not None and (run_dir / CHECKPOINT).exists():
-        prog = _load_checkpoint(run_dir, built)
-        _truncate_metrics(run_dir, prog.metric_lines)
+    if state is not None:
+        prog = _restore(state, built)
+        truncate_metrics(run_dir, prog.metric_lines)
     else:
         prog = _Progress()
-        _atomic_write_text(run_dir / METRICS, "")
+        atomic_write_text(run_dir / METRICS, "")
 
     budget_cfg = cfg.budget
 
@@ -283,7 +250,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, resume, p
                 if last or prog.global_phase % cfg.logging.checkpoint_every == 0:
                     saved_elapsed = prog.elapsed_s
                     prog.elapsed_s = saved_elapsed + time.perf_counter() - start
-                    _save_checkpoint(run_dir, built, prog)
+                    _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
                 if bar is not None:
                     ratio = _ratio(eval_metrics or last_eval, built)
@@ -298,7 +265,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, resume, p
         if bar is not None:
             bar.stop()
     prog.elapsed_s += time.perf_counter() - start
-    _save_checkpoint(run_dir, built, prog)
+    _save_checkpoint(run_dir, cfg, built, prog)
     metrics = read_metrics(run_dir)
     summary = _finish(run_dir, cfg, built, metrics, prog)
     return RunResult(run_dir=run_dir, metrics=metrics, summary=summary)
@@ -346,14 +313,14 @@ def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: li
 
         plot = learning_curve(
             metrics,
-            run_dir / "learning_curve.png",
+            run_dir / CURVE,
             built.value_key,
             refs,
             f"{cfg.name} / {cfg.method.name} / seed {cfg.seed}",
         )
     summary["plot"] = plot.name if plot else None
-    _atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    _atomic_write_text(run_dir / "summary.md", _summary_md(summary, refs))
+    atomic_write_text(run_dir / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run_dir / SUMMARY, _summary_md(summary, refs))
     return summary
 
 
