@@ -193,3 +193,36 @@ def test_llm_user_on_a_real_engine_plays_without_crashing(tiny_model_dir):
     env = AirlineEnv(DATA, ALL, tok, LLMUser(Mute(), tok), num_turns=2, enable_thinking=False, include_policy=False)
     _play(env, [0], [["Hello?"]], rng)
     assert env.pop_metrics()["user/empty"] == 2
+
+
+class _ScriptedSampler:
+    """A policy that writes fixed responses by turn (beside the real engine tests): turn k -> texts[k]."""
+
+    def __init__(self, env, texts):
+        self.env, self.texts = env, texts
+
+    def generate(self, contexts, turn, n, rng):
+        rows = [t for t in np.repeat(np.asarray(turn), n)]
+        return _gen(self.env, [self.texts[min(int(k), len(self.texts) - 1)] for k in rows])
+
+    def load_weights(self, weights):
+        pass
+
+
+def test_core_rollout_boundaries_hold_the_database_of_their_turn(env):
+    """Through the core driver: the boundary before turn 1 holds turn 0's write, the one before turn 0
+    none; siblings forked from boundary 1 start from its recorded context."""
+    from rtpo.core.rollout import rollout
+
+    q = next(i for i, t in enumerate(ALL) if t.id == "1")
+    texts = [_call("cancel_reservation", {"reservation_id": "4WQ150"}), "Anything else?"]
+    rng = np.random.default_rng(0)
+    sampler = _ScriptedSampler(env, texts)
+    res = rollout(env, sampler, env.reset(np.array([q]), rng), np.array([q]), rng, record_boundaries=True)
+    (b0, b1) = res.boundaries[0]
+    assert b0.snapshot.db.same_as(env.fresh)
+    assert b1.snapshot.db.get("reservations", "4WQ150")["status"] == "cancelled"
+    assert res.trajectories[0].num_turns == 2
+    sibs = rollout(env, sampler, env.restore([b1.snapshot]), np.array([q]), rng, n=2)
+    assert len(sibs.trajectories) == 2
+    assert np.array_equal(sibs.trajectories[0].contexts[0], b1.context)
