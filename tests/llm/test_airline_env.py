@@ -226,3 +226,14 @@ def test_core_rollout_boundaries_hold_the_database_of_their_turn(env):
     sibs = rollout(env, sampler, env.restore([b1.snapshot]), np.array([q]), rng, n=2)
     assert len(sibs.trajectories) == 2
     assert np.array_equal(sibs.trajectories[0].contexts[0], b1.context)
+
+
+def test_too_many_tool_errors_end_the_episode_scored_zero():
+    env = AirlineEnv(
+        DATA, ALL, load_qwen3_tokenizer(), ScriptedUser(), num_turns=10, enable_thinking=False, max_errors=3
+    )
+    task = next(i for i, t in enumerate(ALL) if t.id == "10")  # do-nothing would score 1 here
+    bad = _call("get_user_details", {"user_id": "nobody_0000"})
+    eps, rewards = _play(env, [task], [[bad]], np.random.default_rng(0))
+    assert rewards.tolist() == [0.0] and eps[0].k == 3 and eps[0].tool_errors == 3
+    assert env.pop_metrics()["end/too_many_errors"] == 1
