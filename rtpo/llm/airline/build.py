@@ -34,6 +34,7 @@ class AirlineTaskConfig(BaseModel):
     max_context_tokens: int | None = Field(
         None, ge=1, description="longest turn context; null = backend.max_model_len - 1 when set"
     )
+    max_errors: int | None = Field(10, ge=1, description="failed tool calls that end an episode, scored 0 (τ²: 10)")
     drop_overlong: bool = Field(False, description="leave out tasks whose prompt alone exceeds max_context_tokens")
     full_context_map: str | None = Field(None, description="also record contexts under this map (flat baselines)")
     user: Literal["scripted", "llm"] = Field("scripted", description="user simulator: scripted | llm")
@@ -116,6 +117,7 @@ def airline_env_factory(task: AirlineTaskConfig, tokenizer: Any, limit: int | No
                 max_calls_per_turn=task.max_calls_per_turn,
                 max_feedback_chars=task.max_feedback_chars,
                 max_context_tokens=limit,
+                max_errors=task.max_errors,
             )
         except (KeyError, ValueError) as e:
             raise ConfigError(f"task: {' '.join(str(e).split())}") from None

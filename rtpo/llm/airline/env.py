@@ -11,8 +11,8 @@ MDP turn per generation:
                                  user simulator, f_k = the user's reply (a user message); a reply with
                                  the stop signal ends the episode (scored);
 - transfer_to_human_agents    -> a successful transfer ends the episode (scored), as in τ²;
-- turn K-1, or a next context longer than max_context_tokens -> the episode ends without a normal end
-                                 (τ² scores such terminations 0).
+- turn K-1, a next context longer than max_context_tokens, or max_errors failed tool calls -> the
+                                 episode ends without a normal end (τ² scores such terminations 0).
 Every boundary S_k therefore falls between two generations, and the snapshot at S_k holds exactly the
 state S_k implies: the chat blocks, the database (the AirlineDB value: shared, never copied), the user
 simulator's state and the messages so far.  The boundaries where a τ² agent turn ends (the user has just
@@ -93,6 +93,8 @@ class AirlineEnv:
     context_map, num_turns, gamma, enable_thinking, max_context_tokens: as rtpo.llm.env.LLMEnv.
     max_calls_per_turn: further calls of one response are not run (an error result each).
     max_feedback_chars: a tool result or user reply shown to the model is cut to this (with a note).
+    max_errors:   an episode with this many failed tool calls ends, scored 0 (τ²'s too-many-errors end;
+                  None = no limit).
     judge:        optional nl_assertions judge (reward.AirlineScorer), reported separately.
     """
 
@@ -110,6 +112,7 @@ class AirlineEnv:
         max_calls_per_turn: int = 1,
         max_feedback_chars: int = 2000,
         max_context_tokens: int | None = None,
+        max_errors: int | None = 10,
         judge: Any = None,
     ) -> None:
         if num_turns < 1:
@@ -133,6 +136,9 @@ class AirlineEnv:
         self.max_calls_per_turn = max_calls_per_turn
         self.max_feedback_chars = max_feedback_chars
         self.max_context_tokens = max_context_tokens
+        if max_errors is not None and max_errors < 1:
+            raise ValueError(f"AirlineEnv: max_errors must be >= 1 or None, got {max_errors}")
+        self.max_errors = max_errors
         self._prompts: dict[int, tuple[np.ndarray, Any]] = {}
         self.metrics: collections.Counter = collections.Counter()
 
@@ -257,10 +263,12 @@ class AirlineEnv:
                 continue
             e = out[i]
             over = self.max_context_tokens is not None and len(self.psi(e.state)) > self.max_context_tokens
-            if over or episodes[i].k >= self.num_turns - 1:
+            errors = self.max_errors is not None and e.tool_errors >= self.max_errors
+            if over or errors or episodes[i].k >= self.num_turns - 1:
                 done[i], feedback[i] = True, None
                 out[i] = e
-                reward[i] = self._finish(e, "context_overflow" if over else "horizon")
+                how = "too_many_errors" if errors else "context_overflow" if over else "horizon"
+                reward[i] = self._finish(e, how)
         m["malformed"] += int(malformed.sum())
         m["episodes_done"] += int(done.sum())
         outcome = StepOutcome(
