@@ -124,6 +124,9 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(str(e))
     s = result.summary
+    if s["stopped_by"] == "interrupted":
+        print(f"interrupted; resume with: rtpo run --resume {result.run_dir}", file=sys.stderr, flush=True)
+        return 130
     line = f"run folder: {result.run_dir}\nfinal value {s['final_value']:.6g}"
     if s["value_over_optimum"] is not None:
         line += (
