@@ -57,6 +57,8 @@ class BackendSpec:
     build_role:    optional (ScenarioConfig, role) -> RunContext holding only what one worker role of a
                    distributed run uses ("rollout": env + sampler, "trainer": learner, "driver": all);
                    without it every worker runs the full build (rtpo.distributed.ScenarioFactory).
+    task_schemas:  optional () -> JSON Schemas of the task sections the backend accepts (one per task
+                   family); `rtpo config schema` offers them as alternatives.
     memory:        optional (ScenarioConfig) -> [(key, bytes), ...]: what building and one iteration would
                    allocate, by the config key that drives each part; the loader refuses a scenario whose
                    total exceeds the machine's memory, naming the largest part's key."""
@@ -67,6 +69,7 @@ class BackendSpec:
     solve: Callable[[ScenarioConfig], str] | None = None
     build_role: Callable[[ScenarioConfig, str], RunContext] | None = None
     memory: Callable[[ScenarioConfig], list[tuple[str, int]]] | None = None
+    task_schemas: Callable[[], list[dict]] | None = None
 
 
 BACKENDS: Registry[BackendSpec] = Registry("backend")

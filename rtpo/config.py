@@ -203,12 +203,23 @@ def _fmt_input(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def pydantic_error(e: ValidationError, prefix: str) -> ConfigError:
+def suggest(word: Any, valid) -> str:
+    """' (did you mean X?)' for the closest valid name, or ''."""
+    import difflib
+
+    match = difflib.get_close_matches(str(word)[:100], [str(v) for v in valid], n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def pydantic_error(e: ValidationError, prefix: str, model: type[BaseModel] | None = None) -> ConfigError:
     """The first error of a pydantic ValidationError as a one-line ConfigError under `prefix`."""
     err = e.errors()[0]
     loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
     if err["type"] == "extra_forbidden":
-        return ConfigError(f"{loc}: unknown key")
+        hint = ""
+        if model is not None and len(err["loc"]) == 1:
+            hint = suggest(err["loc"][0], model.model_fields)
+        return ConfigError(f"{loc}: unknown key{hint}")
     if err["type"] == "missing":
         return ConfigError(f"{loc}: required key missing")
     msg = err["msg"]
@@ -225,7 +236,7 @@ def validate_model(model: type[BaseModel], data: Any, prefix: str) -> BaseModel:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise pydantic_error(e, prefix) from None
+        raise pydantic_error(e, prefix, model) from None
 
 
 def validate_dataclass(cls: type, data: dict, prefix: str, reserved: tuple[str, ...] = ()) -> Any:
@@ -240,7 +251,7 @@ def validate_dataclass(cls: type, data: dict, prefix: str, reserved: tuple[str, 
             continue
         if key not in fields:
             valid = ", ".join(sorted((*reserved, *fields)))
-            raise ConfigError(f"{prefix}.{key}: unknown key (valid: {valid})")
+            raise ConfigError(f"{prefix}.{key}: unknown key{suggest(key, (*reserved, *fields))} (valid: {valid})")
         try:
             values[key] = TypeAdapter(hints[key], config=ConfigDict(strict=True)).validate_python(raw)
         except ValidationError as e:
@@ -267,7 +278,10 @@ def registered_name(data: Any, section: str, key: str, registry: Any, what: str)
     if name is None:
         raise ConfigError(f"{section}.{key}: required key missing")
     if not isinstance(name, str) or name not in registry:
-        raise ConfigError(f"{section}.{key}: unknown {what} {name!r} (valid: {', '.join(registry.names())})")
+        hint = suggest(name, registry.names())
+        raise ConfigError(
+            f"{section}.{key}: unknown {what} {_fmt_input(name)}{hint} (valid: {', '.join(registry.names())})"
+        )
     return name
 
 
@@ -288,7 +302,7 @@ def parse_scenario(data: Any) -> ScenarioConfig:
     check_plain_data(data)  # also for data that did not come through parse_yaml (Python callers, overrides)
     for key in data:
         if key not in SECTIONS:
-            raise ConfigError(f"{key}: unknown key (valid: {', '.join(SECTIONS)})")
+            raise ConfigError(f"{str(key)[:60]}: unknown key{suggest(key, SECTIONS)} (valid: {', '.join(SECTIONS)})")
     for key in ("name", "backend", "task", "method"):
         if key not in data:
             raise ConfigError(f"{key}: required key missing")
@@ -306,7 +320,9 @@ def parse_scenario(data: Any) -> ScenarioConfig:
     try:
         spec = get_backend(kind)
     except KeyError as e:
-        raise ConfigError(f"backend.kind: {e.args[0]}") from None
+        from rtpo.backends import _PROVIDERS, BACKENDS
+
+        raise ConfigError(f"backend.kind: {e.args[0]}{suggest(kind, {*_PROVIDERS, *BACKENDS.names()})}") from None
     backend = validate_model(spec.config, backend_raw, "backend")
     task = spec.parse_task(data["task"])
     sections = {}

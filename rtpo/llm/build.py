@@ -507,4 +507,21 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     )
 
 
-register_backend("llm", BackendSpec(config=LLMBackendConfig, parse_task=parse_task, build=build, build_role=build_role))
+def task_schemas() -> list[dict]:
+    """JSON Schemas of the llm backend's task sections (math; airline when its module imports)."""
+    out = [LLMTaskConfig.model_json_schema()]
+    try:
+        from rtpo.llm.airline.build import AirlineTaskConfig
+
+        out.append(AirlineTaskConfig.model_json_schema())
+    except ImportError:
+        pass
+    return out
+
+
+register_backend(
+    "llm",
+    BackendSpec(
+        config=LLMBackendConfig, parse_task=parse_task, build=build, build_role=build_role, task_schemas=task_schemas
+    ),
+)
