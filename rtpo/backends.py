@@ -16,8 +16,8 @@ from rtpo.core.methods import RunContext
 from rtpo.core.registry import Registry
 
 if TYPE_CHECKING:
-    from rtpo.config import ScenarioConfig
-    from rtpo.eval import SampledEval
+    from rtpo.evaluation import SampledEval
+    from rtpo.schema import ScenarioConfig
 
 
 @dataclass
@@ -32,7 +32,7 @@ class BuiltBackend:
     value_key:          the evaluate() metric that is the policy's value (plotted, summarised).
     optimum_key:        the evaluate() metric holding the exact optimum, if the backend knows one.
     reference_keys:     further evaluate() metrics drawn as horizontal lines on the learning curve.
-    sampled_eval:       optional rtpo.eval.SampledEval: the eval environments, the policy at evaluation
+    sampled_eval:       optional rtpo.evaluation.SampledEval: the eval environments, the policy at evaluation
                         sampling settings and those settings, for `rtpo eval` (Pass@k and friends).
     """
 

@@ -11,7 +11,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
-from rtpo.config import (
+from rtpo.core.methods import RunContext
+from rtpo.evaluation import EvalSplit, SampledEval
+from rtpo.schema import (
     BackendConfig,
     ConfigError,
     ScenarioConfig,
@@ -19,8 +21,6 @@ from rtpo.config import (
     registered_name,
     validate_dataclass,
 )
-from rtpo.core.methods import RunContext
-from rtpo.eval import EvalSplit, SampledEval
 from rtpo.tabular.backend import TabularEnv, TabularEvaluator, TabularLearner, TabularSampler
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import LogLinear, SoftmaxTable, TabularPolicy

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
-from rtpo.config import BackendConfig, ScenarioConfig
+from rtpo.schema import BackendConfig, ScenarioConfig
 from rtpo.tabular.build import assemble, build_mdp, memory_estimate, parse_task, solve_text, task_schemas
 from rtpo.tabular.history import FullHistoryEnv, history_policy
 
