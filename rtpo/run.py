@@ -108,7 +108,10 @@ def _restore(state: dict, built: BuiltBackend) -> _Progress:
     built.load_sampler_state(state["sampler"])
     ctx.rng.bit_generator.state = state["rng"]
     ctx.budget = Budget(**state["budget"])
-    return _Progress(**state["progress"])
+    prog = _Progress(**state["progress"])
+    if prog.stopped_by == "interrupted":  # Ctrl-C stopped it at a phase boundary: carry on from there
+        prog.stopped_by = None
+    return prog
 
 
 def _query_ids(iteration: int, count: int, num_queries: int | None) -> np.ndarray:
@@ -117,24 +120,99 @@ def _query_ids(iteration: int, count: int, num_queries: int | None) -> np.ndarra
     return ids % num_queries if num_queries else ids
 
 
-def _make_progress(enabled: bool, total: int):
-    if not enabled:
-        return None
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+class _Console:
+    """What a run prints while it runs: the run folder first, then on a terminal a bar (phase, key metric,
+    elapsed, ETA), elsewhere (a file, nohup, SLURM) one plain line per phase, flushed as it is written.
+    Disabled (`progress=False`, `--no-progress`): nothing."""
 
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        return None
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:.1f}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-    return bar
+    def __init__(self, enabled: bool, cfg: ScenarioConfig, run_dir: Path, done: float) -> None:
+        import sys
+
+        self.cfg, self.total, self.start_done = cfg, cfg.budget.iterations, done
+        self.t0 = time.perf_counter()
+        self.bar = self.task = None
+        self.mode = "off"
+        if not enabled:
+            return
+        print(f"run folder: {run_dir}", flush=True)
+        self.mode = "tty" if sys.stdout.isatty() else "lines"
+        if self.mode == "tty":
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed:.1f}/{task.total} it"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(),
+                transient=False,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(f"{cfg.name} {cfg.method.name}", total=self.total, completed=done)
+
+    def eta_s(self, done: float) -> float | None:
+        rate = (done - self.start_done) / max(time.perf_counter() - self.t0, 1e-9)
+        return (self.total - done) / rate if rate > 0 else None
+
+    def phase(self, record: dict, done: float, ratio: float | None) -> None:
+        if self.mode == "off":
+            return
+        head = f"it {record['iteration'] + 1}/{self.total} phase {record['phase']}"
+        head += f" (turn {int(record['phase/turn'])})" if "phase/turn" in record else ""
+        value = f" value/opt {ratio:.4f}" if ratio is not None else ""
+        if self.mode == "tty":
+            self.bar.update(
+                self.task, completed=done, description=f"{self.cfg.name} {self.cfg.method.name} {head}{value}"
+            )
+            return
+        eta = self.eta_s(done)
+        elapsed = record.get("time/elapsed_s", 0.0)
+        rollouts = record.get("budget/rollouts")
+        print(
+            f"{head}{value}"
+            + (f" rollouts {rollouts}" if rollouts is not None else "")
+            + f" elapsed {elapsed:.1f}s"
+            + (f" eta {eta:.0f}s" if eta is not None else ""),
+            flush=True,
+        )
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+class _SafeInterrupt:
+    """Ctrl-C stops the run at the next phase boundary (after its metrics line and a checkpoint) instead of
+    mid-update; a second Ctrl-C interrupts at once.  Only in the main thread (signals go nowhere else)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old = None
+
+    def __enter__(self) -> _SafeInterrupt:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        import sys
+
+        print("\ninterrupt: stopping after this phase (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            import signal
+
+            signal.signal(signal.SIGINT, self._old)
 
 
 def run_scenario(
@@ -190,15 +268,12 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
         return budget_cfg.max_rollouts is not None and ctx.budget.rollouts >= budget_cfg.max_rollouts
 
     start = time.perf_counter()
-    bar = _make_progress(progress and cfg.logging.progress, budget_cfg.iterations)
-    task_id = None
-    if bar is not None:
-        bar.start()
-        done = prog.iteration + (prog.phase_in_iter / prog.phases_in_iter if prog.phases_in_iter else 0.0)
-        task_id = bar.add_task(f"{cfg.name} {cfg.method.name}", total=budget_cfg.iterations, completed=done)
+    done0 = prog.iteration + (prog.phase_in_iter / prog.phases_in_iter if prog.phases_in_iter else 0.0)
+    console = _Console(progress and cfg.logging.progress, cfg, run_dir, done0)
+    interrupt = _SafeInterrupt()
     last_eval: dict[str, float] = {}
     try:
-        with open(run_dir / METRICS, "a") as metrics_file:
+        with interrupt, open(run_dir / METRICS, "a") as metrics_file:
             while prog.stopped_by is None:
                 if prog.it_state is None:
                     if prog.iteration >= budget_cfg.iterations:
@@ -247,23 +322,21 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                 if iter_done:
                     prog.it_state, prog.iteration = None, prog.iteration + 1
                 # the elapsed time so far belongs to the checkpoint, so a resumed run's clock continues
-                if last or prog.global_phase % cfg.logging.checkpoint_every == 0:
+                if last or interrupt.requested or prog.global_phase % cfg.logging.checkpoint_every == 0:
                     saved_elapsed = prog.elapsed_s
                     prog.elapsed_s = saved_elapsed + time.perf_counter() - start
                     _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
-                if bar is not None:
-                    ratio = _ratio(eval_metrics or last_eval, built)
-                    desc = f"{cfg.name} {cfg.method.name}" + (f"  value/opt {ratio:.3f}" if ratio is not None else "")
-                    done = prog.iteration + (
-                        prog.phase_in_iter / prog.phases_in_iter
-                        if prog.it_state is not None and prog.phases_in_iter
-                        else 0.0
-                    )
-                    bar.update(task_id, completed=done, description=desc)
+                done = prog.iteration + (
+                    prog.phase_in_iter / prog.phases_in_iter
+                    if prog.it_state is not None and prog.phases_in_iter
+                    else 0.0
+                )
+                console.phase(record, done, _ratio(eval_metrics or last_eval, built))
+                if interrupt.requested and not last:
+                    prog.stopped_by = "interrupted"
     finally:
-        if bar is not None:
-            bar.stop()
+        console.stop()
     prog.elapsed_s += time.perf_counter() - start
     _save_checkpoint(run_dir, cfg, built, prog)
     metrics = read_metrics(run_dir)

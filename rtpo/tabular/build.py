@@ -11,7 +11,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
-from rtpo.config import (
+from rtpo.core.methods import RunContext
+from rtpo.evaluation import EvalSplit, SampledEval
+from rtpo.schema import (
     BackendConfig,
     ConfigError,
     ScenarioConfig,
@@ -19,8 +21,6 @@ from rtpo.config import (
     registered_name,
     validate_dataclass,
 )
-from rtpo.core.methods import RunContext
-from rtpo.eval import EvalSplit, SampledEval
 from rtpo.tabular.backend import TabularEnv, TabularEvaluator, TabularLearner, TabularSampler
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import LogLinear, SoftmaxTable, TabularPolicy
@@ -196,9 +196,30 @@ def memory_estimate(cfg) -> list[tuple[str, int]]:
     ]
 
 
+def task_schemas() -> list[dict]:
+    """One JSON Schema per tabular task kind: the section's own keys plus the kind's Params fields."""
+    from pydantic import TypeAdapter
+
+    own = TabularTaskConfig.model_json_schema()["properties"]
+    own.pop("params", None)
+    out = []
+    for kind in TASKS.names():
+        p = TypeAdapter(TASKS.get(kind).Params).json_schema()
+        p["properties"] = {**own, **p.get("properties", {}), "kind": {"const": kind}}
+        p["additionalProperties"] = False
+        p.pop("required", None)
+        out.append(p)
+    return out
+
+
 register_backend(
     "tabular",
     BackendSpec(
-        config=TabularBackendConfig, parse_task=parse_task, build=build, solve=solve_text, memory=memory_estimate
+        config=TabularBackendConfig,
+        parse_task=parse_task,
+        build=build,
+        solve=solve_text,
+        memory=memory_estimate,
+        task_schemas=task_schemas,
     ),
 )
