@@ -272,3 +272,19 @@ def test_nl_assertion_judge_is_reported_separately_and_off_by_default(tiny_model
     tiny = load_qwen3_tokenizer(str(tiny_model_dir))
     real = LLMJudge(HFEngine(tiny_model_dir, SamplingConfig(temperature=1.0, max_tokens=4)), tiny)
     assert real(task, ["I cannot cancel it."]) in (0.0, 1.0)
+
+
+def test_an_episode_pickles_with_its_changes_not_the_database(env):
+    """What a Ray chunk ships: the episode's blocks, user state and change map; the receiver re-attaches
+    its own cached base (the same object in this process)."""
+    import pickle
+
+    rng = np.random.default_rng(0)
+    (e,), _ = env.step(
+        env.reset(np.array([0]), rng), _gen(env, [_call("cancel_reservation", {"reservation_id": "4WQ150"})]), rng
+    )
+    blob = pickle.dumps(e)
+    back = pickle.loads(blob)
+    assert len(blob) < 200_000  # the pickled database alone is 1.75 MB
+    assert back.db.base is env.fresh.base and back.db.same_as(e.db) and not back.db.same_as(env.fresh)
+    assert np.array_equal(env.contexts([back]).values, env.contexts([e]).values)
