@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="rtpo", description="Reverse-Turn Policy Optimization testbed")
     p.add_argument("--version", action="version", version=f"rtpo {__version__}")
     sub = p.add_subparsers(
-        dest="command", metavar="{run,solve,eval,verify,compare,config,scenarios}", parser_class=_OneLineParser
+        dest="command", metavar="{run,solve,eval,verify,compare,config,scenarios,plot}", parser_class=_OneLineParser
     )
     run = sub.add_parser("run", help="train on a scenario (default: the embedded default scenario)")
     run.add_argument(
@@ -103,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("args", nargs="*", metavar="[SCENARIO] [key=value ...]")
     cfg_sub.add_parser("schema", help="JSON Schema of scenario files (every method, backend and task kind)")
     sub.add_parser("scenarios", help="the shipped scenarios, one line each")
+    plot = sub.add_parser("plot", help="learning curves of existing run folders (mean and band over seeds)")
+    plot.add_argument(
+        "runs", nargs="+", metavar="RUN", help="run folders written by `rtpo run` (seeds of one method group)"
+    )
+    plot.add_argument("--metric", default=None, help="metric key (default: the backend's value, eval/value)")
+    plot.add_argument("--x", default="budget/rollouts", help="x axis key (default: budget/rollouts)")
+    plot.add_argument("--out", default="curves.png", help="output file; .svg or .pdf for vector output")
     sub.add_parser("verify", help="property tests of the paper's claims (rtpo.verify)", add_help=False)
     sub.add_parser("compare", help="equal-budget method comparison (rtpo.compare)", add_help=False)
     return p
@@ -255,6 +262,31 @@ def _cmd_scenarios() -> int:
     return 0
 
 
+def _cmd_plot(ns: argparse.Namespace) -> int:
+    from rtpo.checkpoint import CONFIG, read_metrics
+    from rtpo.config import ConfigError, load_scenario
+    from rtpo.plots import run_curves
+
+    groups: dict[str, list[list[dict]]] = {}
+    for run in ns.runs:
+        d = Path(run)
+        if not (d / CONFIG).is_file():
+            return _fail(f"{run}: not a run folder (no {CONFIG})")
+        try:
+            cfg = load_scenario(d / CONFIG)
+        except ConfigError as e:
+            return _fail(str(e))
+        groups.setdefault(f"{cfg.name} {cfg.method.name}", []).append(read_metrics(d))
+    metric = ns.metric or "eval/value"
+    out = Path(ns.out)
+    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        return _fail(f"--out {out}: must end in .png, .svg or .pdf")
+    if run_curves(groups, out, metric, ns.x) is None:
+        return _fail(f"--metric {metric}: no run folder has it with {ns.x}")
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # verify/compare own their arguments entirely: hand everything after the subcommand over untouched
@@ -283,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_config(ns)
     if ns.command == "scenarios":
         return _cmd_scenarios()
+    if ns.command == "plot":
+        return _cmd_plot(ns)
     parser.print_help(sys.stderr)
     return USAGE_ERROR
 

@@ -144,8 +144,8 @@ def apply_override(data: dict, override: str) -> None:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
         raise ConfigError(f"{key}: not a valid key path")
     value = parse_yaml(raw, key) if raw.strip() else None
-    if isinstance(value, (dict, list)):
-        raise ConfigError(f"{key}: override value must be a scalar, got {_fmt_input(raw)}")
+    if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)):
+        raise ConfigError(f"{key}: override value must be a scalar or a list of scalars, got {_fmt_input(raw)}")
     parts = key.split(".")
     node = data
     for i, part in enumerate(parts[:-1]):

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 SECTIONS = ("name", "seed", "backend", "task", "method", "budget", "train", "eval", "logging", "resources")
 
@@ -133,6 +133,26 @@ class LoggingConfig(Section):
         description="phases between checkpoints (the run's last phase always gets "
         "one); --resume restarts from the latest, dropping later metric lines",
     )
+    trackers: tuple[str, ...] = Field(
+        ("jsonl",),
+        description="experiment trackers fed the same record as metrics.jsonl (rtpo.trackers: jsonl, tensorboard)",
+    )
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _known_trackers(cls, v: Any) -> Any:
+        from rtpo.trackers import TRACKERS
+
+        if isinstance(v, str):
+            v = (v,)
+        if isinstance(v, list):
+            v = tuple(v)
+        for name in v if isinstance(v, tuple) else ():
+            if name not in TRACKERS:
+                raise ValueError(
+                    f"unknown tracker {name!r}{suggest(name, TRACKERS.names())} (valid: {', '.join(TRACKERS.names())})"
+                )
+        return v
 
 
 class MethodSection(BaseModel):
