@@ -126,7 +126,7 @@ def test_bad_output_is_feedback_and_a_metric(env):
     eps, out = env.step(env.reset(np.zeros(len(texts), np.int64), rng), _gen(env, texts), rng)
     assert not out.done.any()
     assert "unknown tool" in out.feedback[0] and "not valid JSON" in out.feedback[1]
-    assert "must be of type string" in out.feedback[2] and "not found" in out.feedback[3]
+    assert "is not of type 'string'" in out.feedback[2] and "not found" in out.feedback[3]
     assert out.malformed.tolist() == [True, True, False, False, True]
     m = env.pop_metrics()
     assert m["tool/errors"] == 3 and m["tool/unknown"] == 1 and m["tool/parse_errors"] == 1
