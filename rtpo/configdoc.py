@@ -50,6 +50,11 @@ def _docstring_meanings(cls: type) -> dict[str, str]:
             m = re.search(rf"(?:^|;\s*|\n\s*){re.escape(name)}:\s+([^;\n]+(?:\n\s{{6,}}(?!\w+:\s)[^;\n]+)*)", doc)
             if m:
                 out[name] = " ".join(m.group(1).split()).rstrip(".")
+                continue
+            # a shared entry: "a, b, c: meaning"
+            m = re.search(rf"(?m)^\s*((?:\w+,\s*)*{re.escape(name)}(?:,\s*\w+)*):\s+(.+)$", doc)
+            if m:
+                out[name] = " ".join(m.group(2).split()).rstrip(".")
     return out
 
 
