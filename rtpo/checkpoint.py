@@ -25,7 +25,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from rtpo.config import ConfigError, ScenarioConfig
+from rtpo.schema import ConfigError, ScenarioConfig
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"

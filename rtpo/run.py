@@ -37,6 +37,7 @@ from rtpo.checkpoint import (
 )
 from rtpo.config import ConfigError, ScenarioConfig, load_scenario
 from rtpo.core.budget import Budget
+from rtpo.trackers import open_trackers
 
 
 @dataclass
@@ -272,6 +273,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
     console = _Console(progress and cfg.logging.progress, cfg, run_dir, done0)
     interrupt = _SafeInterrupt()
     last_eval: dict[str, float] = {}
+    trackers = open_trackers([t for t in cfg.logging.trackers if t != "jsonl"], run_dir, cfg.to_dict())
     try:
         with interrupt, open(run_dir / METRICS, "a") as metrics_file:
             while prog.stopped_by is None:
@@ -315,10 +317,13 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                     "time/phase_s": phase_s,
                     "time/elapsed_s": prog.elapsed_s + time.perf_counter() - start,
                 }
-                metrics_file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+                line = {k: _jsonable(v) for k, v in record.items()}
+                metrics_file.write(json.dumps(line) + "\n")
                 metrics_file.flush()
                 os.fsync(metrics_file.fileno())
                 prog.metric_lines += 1
+                for t in trackers:  # the same record, the same keys
+                    t.log(line, prog.global_phase)
                 if iter_done:
                     prog.it_state, prog.iteration = None, prog.iteration + 1
                 # the elapsed time so far belongs to the checkpoint, so a resumed run's clock continues
@@ -337,6 +342,8 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                     prog.stopped_by = "interrupted"
     finally:
         console.stop()
+        for t in trackers:
+            t.close()
     prog.elapsed_s += time.perf_counter() - start
     _save_checkpoint(run_dir, cfg, built, prog)
     metrics = read_metrics(run_dir)

@@ -91,7 +91,7 @@ def test_overrides_are_yaml_scalars():
         (["eval.target=2"], "eval.target: must be <= 1"),
         (["method.G"], "override 'method.G': must look like key.sub=value"),
         (["method..G=3"], "method..G: not a valid key path"),
-        (["method.G=[1, 2]"], "method.G: override value must be a scalar"),
+        (["method.G={a: 1}"], "method.G: override value must be a scalar"),
         (["method.G.x=3"], "method.G: is a value, not a section"),
     ],
 )

@@ -22,9 +22,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
-from rtpo.config import BackendConfig, ConfigError, ScenarioConfig, pydantic_error
 from rtpo.core.methods import RunContext
-from rtpo.eval import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
+from rtpo.evaluation import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
+from rtpo.schema import BackendConfig, ConfigError, ScenarioConfig, pydantic_error
 
 
 class LLMBackendConfig(BackendConfig):
@@ -284,7 +284,7 @@ def sampled_eval_of(
     sampler: TrackedSampler,
     eval_sampling: Any,
 ) -> SampledEval:
-    """The llm backend's part of rtpo.eval: held-out (eval) and training problems, the engine with the
+    """The llm backend's part of rtpo.evaluation: held-out (eval) and training problems, the engine with the
     learner's weights at eval temperature/top-p, and the settings a report records."""
     return SampledEval(
         splits={"eval": EvalSplit(eval_env, len(eval_env.task)), "train": EvalSplit(env, len(env.task))},
@@ -303,7 +303,7 @@ def sampled_eval_of(
 
 
 def _evaluate(sampled: SampledEval, env: Any, sampler: TrackedSampler, seed: int) -> dict[str, float]:
-    """The in-run evaluation: Pass@1 and friends (rtpo.eval.in_run_metrics) of the learner's current
+    """The in-run evaluation: Pass@1 and friends (rtpo.evaluation.in_run_metrics) of the learner's current
     weights on the first task.eval_queries problems of the eval split, one sample each, drawn with a
     fixed seed (the same draws every time); plus the training env's counters since the last call and
     the weight-sync time."""
@@ -507,4 +507,21 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     )
 
 
-register_backend("llm", BackendSpec(config=LLMBackendConfig, parse_task=parse_task, build=build, build_role=build_role))
+def task_schemas() -> list[dict]:
+    """JSON Schemas of the llm backend's task sections (math; airline when its module imports)."""
+    out = [LLMTaskConfig.model_json_schema()]
+    try:
+        from rtpo.llm.airline.build import AirlineTaskConfig
+
+        out.append(AirlineTaskConfig.model_json_schema())
+    except ImportError:
+        pass
+    return out
+
+
+register_backend(
+    "llm",
+    BackendSpec(
+        config=LLMBackendConfig, parse_task=parse_task, build=build, build_role=build_role, task_schemas=task_schemas
+    ),
+)

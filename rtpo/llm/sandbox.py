@@ -136,18 +136,15 @@ def _probe_isolation() -> tuple[str, str]:
     return _ISOLATION
 
 
+def _not_run(isolation: str, error: str, wall_time_s: float = 0.0) -> SandboxResult:
+    """A call whose program never ran: the sandbox refused it or could not start."""
+    return SandboxResult("", "", None, None, False, False, (), wall_time_s, isolation, error=error)
+
+
 def _refused(why: str) -> SandboxResult:
-    return SandboxResult(
-        "",
-        "",
-        None,
-        None,
-        False,
-        False,
-        (),
-        0.0,
+    return _not_run(
         "refused",
-        error=f"kernel isolation is unavailable ({why}); the tool call was refused "
+        f"kernel isolation is unavailable ({why}); the tool call was refused "
         "(sandbox.allow_unisolated: true runs it with resource limits only)",
     )
 
@@ -241,18 +238,7 @@ def _run(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
     except OSError as e:
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-        return SandboxResult(
-            "",
-            "",
-            None,
-            None,
-            False,
-            False,
-            (),
-            time.monotonic() - start,
-            mode,
-            error=f"could not start the sandbox: {e}",
-        )
+        return _not_run(mode, f"could not start the sandbox: {e}", time.monotonic() - start)
     try:
         out, err, timed_out, truncated = _communicate(proc, code.encode("utf-8", "surrogatepass"), limits, start)
     finally:

@@ -126,7 +126,7 @@ def test_bad_output_is_feedback_and_a_metric(env):
     eps, out = env.step(env.reset(np.zeros(len(texts), np.int64), rng), _gen(env, texts), rng)
     assert not out.done.any()
     assert "unknown tool" in out.feedback[0] and "not valid JSON" in out.feedback[1]
-    assert "must be of type string" in out.feedback[2] and "not found" in out.feedback[3]
+    assert "is not of type 'string'" in out.feedback[2] and "not found" in out.feedback[3]
     assert out.malformed.tolist() == [True, True, False, False, True]
     m = env.pop_metrics()
     assert m["tool/errors"] == 3 and m["tool/unknown"] == 1 and m["tool/parse_errors"] == 1
@@ -237,3 +237,54 @@ def test_too_many_tool_errors_end_the_episode_scored_zero():
     eps, rewards = _play(env, [task], [[bad]], np.random.default_rng(0))
     assert rewards.tolist() == [0.0] and eps[0].k == 3 and eps[0].tool_errors == 3
     assert env.pop_metrics()["end/too_many_errors"] == 1
+
+
+class _Says:
+    """An engine that answers every prompt with fixed texts, in order (beside the real-engine judge test)."""
+
+    def __init__(self, tok, texts):
+        self.tok, self.texts = tok, texts
+
+    def generate(self, contexts, turn, n, rng):
+        rows = [np.asarray(self.tok.encode(self.texts[i % len(self.texts)]), np.int64) for i in range(len(contexts))]
+        tokens = Ragged.from_rows(rows, dtype=np.int64)
+        return Generation(tokens, Ragged(np.zeros(tokens.values.size), tokens.offsets))
+
+
+def test_nl_assertion_judge_is_reported_separately_and_off_by_default(tiny_model_dir):
+    from rtpo.llm.airline.reward import LLMJudge
+    from rtpo.llm.engines import HFEngine, SamplingConfig
+
+    tok = load_qwen3_tokenizer()
+    task = DATA.tasks["0"]  # one assertion: the agent should refuse the cancellation
+    assert LLMJudge(_Says(tok, ["Yes."]), tok)(task, ["I cannot cancel it."]) == 1.0
+    assert LLMJudge(_Says(tok, ["<think>\nhm\n</think>\n\nno"]), tok)(task, ["Done, cancelled."]) == 0.0
+    judge = LLMJudge(_Says(tok, ["yes"]), tok)
+    env = AirlineEnv(DATA, ALL, tok, ScriptedUser(), num_turns=4, enable_thinking=False, judge=judge)
+    q = next(i for i, t in enumerate(ALL) if t.id == "0")
+    _, rewards = _play(env, [q], [["Anything else?"]], np.random.default_rng(0))
+    m = env.pop_metrics()
+    assert m["reward/nl_assertion"] == 1.0 and m["reward/nl_assertion_n"] == 1 and rewards.tolist() == [1.0]
+    off = AirlineEnv(DATA, ALL, tok, ScriptedUser(), num_turns=4, enable_thinking=False)
+    _play(off, [q], [["Anything else?"]], np.random.default_rng(0))
+    assert "reward/nl_assertion" not in off.pop_metrics()
+    # a real (tiny, random) engine as the judge: some verdict, never a crash
+    tiny = load_qwen3_tokenizer(str(tiny_model_dir))
+    real = LLMJudge(HFEngine(tiny_model_dir, SamplingConfig(temperature=1.0, max_tokens=4)), tiny)
+    assert real(task, ["I cannot cancel it."]) in (0.0, 1.0)
+
+
+def test_an_episode_pickles_with_its_changes_not_the_database(env):
+    """What a Ray chunk ships: the episode's blocks, user state and change map; the receiver re-attaches
+    its own cached base (the same object in this process)."""
+    import pickle
+
+    rng = np.random.default_rng(0)
+    (e,), _ = env.step(
+        env.reset(np.array([0]), rng), _gen(env, [_call("cancel_reservation", {"reservation_id": "4WQ150"})]), rng
+    )
+    blob = pickle.dumps(e)
+    back = pickle.loads(blob)
+    assert len(blob) < 200_000  # the pickled database alone is 1.75 MB
+    assert back.db.base is env.fresh.base and back.db.same_as(e.db) and not back.db.same_as(env.fresh)
+    assert np.array_equal(env.contexts([back]).values, env.contexts([e]).values)

@@ -36,7 +36,7 @@ from rtpo.core.types import Generation, Ragged, StepOutcome
 from rtpo.llm.airline.data import AirlineData, AirlineTask
 from rtpo.llm.airline.db import AirlineDB
 from rtpo.llm.airline.reward import AirlineScorer
-from rtpo.llm.airline.tools import TOOL_SCHEMAS, TOOLS, call_tool
+from rtpo.llm.airline.tools import TOOLS, airline_toolset, call_tool
 from rtpo.llm.airline.user import TRANSFER_MESSAGE
 from rtpo.llm.chat import IM_END, IM_START, Qwen3Chat, parse_response
 from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
@@ -126,7 +126,7 @@ class AirlineEnv:
         self.scorer = AirlineScorer(self.fresh, judge=judge)
         self.chat = Qwen3Chat(
             tokenizer,
-            tools=TOOL_SCHEMAS,
+            tools=airline_toolset().schemas,
             system=data.policy if include_policy else None,
             enable_thinking=enable_thinking,
         )
@@ -306,18 +306,18 @@ class AirlineEnv:
             results.append(f"Error: {err}.")
         db, calls, transferred = e.db, e.calls, False
         for c, call in enumerate(p.tool_calls):
-            m["tool/attempted"] += 1
             if c >= self.max_calls_per_turn:
                 results.append(f"Error: at most {self.max_calls_per_turn} tool calls per turn; this one was not run.")
+                m["tool/attempted"] += 1
                 m["tool/over_limit"] += 1
                 bad = True
                 continue
-            m["tool/calls"] += 1
             calls = calls + ((call.name, call.arguments),)
-            db, text, ok = call_tool(db, call.name, call.arguments)
+            # the registry's ToolSet validates, runs and counts (tool/attempted, tool/calls, tool/ok, tool/errors,
+            # tool/unknown, tool/invalid_arguments, per tool); the database is the airline tools' shared state
+            db, text, ok = call_tool(db, call.name, call.arguments, m)
             results.append(text)
             if ok:
-                m["tool/ok"] += 1
                 if TOOLS[call.name].writes:
                     m["tool/writes"] += 1
                 if call.name == "transfer_to_human_agents":
@@ -325,9 +325,7 @@ class AirlineEnv:
                     break
             else:
                 errors += 1
-                m["tool/errors"] += 1
                 if call.name not in TOOLS:
-                    m["tool/unknown"] += 1
                     bad = True
         return replace(e, db=db, calls=calls, tool_errors=e.tool_errors + errors), results, bad, transferred
 
