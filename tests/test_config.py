@@ -83,7 +83,7 @@ def test_overrides_are_yaml_scalars():
         (["task.psi=modulo:0"], "task.psi: must be identity, last_feedback or modulo:<n>"),
         (["task.num_turns=0"], "task.num_turns: must be in [1, 64], got 0"),
         (["task.sharpnes=2"], "task.sharpnes: unknown key"),
-        (["task.policy=tree"], "task.policy: must be 'softmax' or 'loglinear'"),
+        (["task.policy=tree"], "task.policy: must be 'softmax', 'loglinear' or 'shared'"),
         (["backend.kind=quantum"], "backend.kind: unknown backend 'quantum'"),
         (["backend.extra=1"], "backend.extra: unknown key"),
         (["bogus=1"], "bogus: unknown key"),
