@@ -135,6 +135,9 @@ def parse_tool_calls(content: str) -> tuple[tuple[ToolCall, ...], tuple[str, ...
         except json.JSONDecodeError as e:
             errors.append(f"tool call is not valid JSON ({e.msg} at char {e.pos})")
             continue
+        except (ValueError, RecursionError):  # nesting deeper than the parser's stack, an int past 4300 digits
+            errors.append("tool call JSON is too deeply nested or holds a number too long to read")
+            continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             errors.append('tool call must be a JSON object {"name": ..., "arguments": {...}}')
             continue
@@ -142,7 +145,7 @@ def parse_tool_calls(content: str) -> tuple[tuple[ToolCall, ...], tuple[str, ...
         if isinstance(args, str):  # some models double-encode the arguments
             try:
                 args = json.loads(args)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 errors.append("tool call arguments are a string that is not JSON")
                 continue
         if not isinstance(args, dict):
@@ -158,11 +161,13 @@ def last_boxed(text: str) -> str | None:
     if start < 0:
         return None
     rest = text[start + (6 if text.startswith("\\boxed", start) else 5) :]
-    if not rest.startswith("{"):
+    body = rest.lstrip()
+    if not body.startswith("{"):
         # "\boxed 5" (a space, then one token) is legal LaTeX too
-        if not rest[:1].isspace() or not rest.strip():
+        if not rest[:1].isspace() or not body:
             return None
-        return rest.split()[0].rstrip("$.") or None
+        return body.split()[0].rstrip("$.") or None
+    rest = body  # "\boxed {1 + 2}": TeX skips the space before the group
     depth = 0
     for j, ch in enumerate(rest):
         if ch == "{":

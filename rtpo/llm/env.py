@@ -329,6 +329,8 @@ class LLMEnv:
             self.metrics["tool/ok"] += int(res.ok)
             self.metrics["tool/timeouts"] += int(res.timed_out)
             self.metrics["tool/truncated"] += int(res.truncated)
+            self.metrics["tool/refused"] += int(res.isolation == "refused")  # no kernel isolation: fail closed
+            self.metrics["tool/unisolated"] += int(res.isolation == "rlimits")  # sandbox.allow_unisolated
             results[i][slot] = self._format(res)
 
     def _format(self, res: SandboxResult) -> str:

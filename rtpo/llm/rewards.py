@@ -62,14 +62,16 @@ def to_number(text: str | None) -> Fraction | None:
     return None
 
 
-def numeric_equal(answer: str | None, gold: str | None, rel_tol: float = 1e-9) -> bool | None:
-    """True/False when both sides are plain numbers, None when either is not (cannot decide)."""
+def numeric_equal(answer: str | None, gold: str | None) -> bool | None:
+    """True/False when both sides are plain numbers, None when either is not (cannot decide).
+
+    Both sides are exact rationals (to_number), so they are compared exactly: no float tolerance can
+    make 1234567891 equal 1234567890, and no float conversion can overflow on a 400-digit integer.
+    """
     a, g = to_number(answer), to_number(gold)
     if a is None or g is None:
         return None
-    if a == g:
-        return True
-    return abs(float(a) - float(g)) <= rel_tol * max(1.0, abs(float(g)))
+    return a == g
 
 
 # ---------------------------------------------------------------- math-verify in a worker process
@@ -163,13 +165,11 @@ class MathVerifier:
         if answer is None or not str(answer).strip():
             return RewardResult(0.0, "no_answer", "none")
         numeric = numeric_equal(answer, gold)
-        if numeric is True:  # exact numbers agree: no need to ask sympy
-            return RewardResult(1.0, "correct", "numeric")
+        if numeric is not None:  # both sides are exact numbers: exact comparison decides, sympy's tolerance may not
+            return RewardResult(1.0, "correct", "numeric") if numeric else RewardResult(0.0, "incorrect", "numeric")
         outcome, correct = self._math_verify(str(answer), str(gold))
         if outcome == "ok":
             return RewardResult(1.0 if correct else 0.0, "correct" if correct else "incorrect", "math_verify")
-        if numeric is False:
-            return RewardResult(0.0, "incorrect", "numeric")
         status = {"timeout": "timeout", "unparsed": "unparsed", "error": "error"}.get(outcome, "unparsed")
         return RewardResult(0.0, status, "none")
 

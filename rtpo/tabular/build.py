@@ -11,7 +11,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
-from rtpo.config import (
+from rtpo.core.methods import RunContext
+from rtpo.evaluation import EvalSplit, SampledEval
+from rtpo.schema import (
     BackendConfig,
     ConfigError,
     ScenarioConfig,
@@ -19,8 +21,6 @@ from rtpo.config import (
     registered_name,
     validate_dataclass,
 )
-from rtpo.core.methods import RunContext
-from rtpo.eval import EvalSplit, SampledEval
 from rtpo.tabular.backend import TabularEnv, TabularEvaluator, TabularLearner, TabularSampler
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import LogLinear, SoftmaxTable, TabularPolicy
@@ -192,6 +192,52 @@ def solve_text(cfg: ScenarioConfig) -> str:
     return "\n".join(out)
 
 
+# Bytes per unit, generous on purpose (a refusal must never be wrong by much the other way): a sparse
+# MDP entry is a successor id and a probability plus the solver's temporaries; a policy cell holds the
+# parameter, its gradient and Adam's two moments; a sampled turn is a few Python objects and arrays.
+_BYTES_PER_MDP_ENTRY = 64
+_BYTES_PER_POLICY_CELL = 4 * 8
+_BYTES_PER_SAMPLED_TURN = 2048
+
+
+def memory_estimate(cfg) -> list[tuple[str, int]]:
+    """What building the MDP, the policy and one iteration's rollouts would allocate, by the key driving it."""
+    K, S, A, B = TASKS.get(cfg.task.kind).shape(cfg.task.params)
+    dims = {"num_turns": K, "num_states": S, "num_actions": A}
+    size_key = "task." + max((n for n in dims if hasattr(cfg.task.params, n)), key=dims.get)
+    per_query = cfg.method.build().rollouts_per_query(K) or getattr(cfg.method.config, "G", 1) * K
+    rollouts = cfg.budget.queries_per_iteration * per_query
+    return [
+        (size_key, K * S * A * B * _BYTES_PER_MDP_ENTRY),
+        (size_key, K * S * A * _BYTES_PER_POLICY_CELL),
+        ("budget.queries_per_iteration", int(rollouts * K * _BYTES_PER_SAMPLED_TURN)),
+    ]
+
+
+def task_schemas() -> list[dict]:
+    """One JSON Schema per tabular task kind: the section's own keys plus the kind's Params fields."""
+    from pydantic import TypeAdapter
+
+    own = TabularTaskConfig.model_json_schema()["properties"]
+    own.pop("params", None)
+    out = []
+    for kind in TASKS.names():
+        p = TypeAdapter(TASKS.get(kind).Params).json_schema()
+        p["properties"] = {**own, **p.get("properties", {}), "kind": {"const": kind}}
+        p["additionalProperties"] = False
+        p.pop("required", None)
+        out.append(p)
+    return out
+
+
 register_backend(
-    "tabular", BackendSpec(config=TabularBackendConfig, parse_task=parse_task, build=build, solve=solve_text)
+    "tabular",
+    BackendSpec(
+        config=TabularBackendConfig,
+        parse_task=parse_task,
+        build=build,
+        solve=solve_text,
+        memory=memory_estimate,
+        task_schemas=task_schemas,
+    ),
 )

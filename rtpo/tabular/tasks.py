@@ -20,10 +20,13 @@ P = TypeVar("P")
 
 @dataclass(frozen=True)
 class TaskKind(Generic[P]):
-    """Params: the parameter dataclass; build(params) -> TurnMDP with identity ψ."""
+    """Params: the parameter dataclass; build(params) -> TurnMDP with identity ψ.
+    shape(params) -> (K, S, A, B): turns, states per turn, actions, successors per (s, a) — known before
+    anything is allocated, so a scenario too large for the machine is refused at load time."""
 
     Params: type
     build: Callable[[P], TurnMDP]
+    shape: Callable[[P], tuple[int, int, int, int]]
 
 
 TASKS: Registry[TaskKind] = Registry("tabular task")
@@ -145,9 +148,29 @@ class RandomParams:
             raise ValueError(f"end_prob must be in [0, 1], got {self.end_prob}")
 
 
-TASKS.register("tool_chain")(TaskKind(ToolChainParams, lambda p: tool_chain(**asdict(p))))
-TASKS.register("region_chain")(TaskKind(RegionChainParams, lambda p: region_chain(**asdict(p))))
-TASKS.register("random")(TaskKind(RandomParams, lambda p: random_mdp(**asdict(p))))
+# tool_chain's boundary state is (progress 0..K, last call ok): 2(K+1) states, 2 successors per (s, a)
+TASKS.register("tool_chain")(
+    TaskKind(
+        ToolChainParams,
+        lambda p: tool_chain(**asdict(p)),
+        lambda p: (p.num_turns, 2 * (p.num_turns + 1), p.num_actions, 2),
+    )
+)
+# region_chain: the tool chain's states in up to two region blocks (g = 0, 1), 4 successors at most
+TASKS.register("region_chain")(
+    TaskKind(
+        RegionChainParams,
+        lambda p: region_chain(**asdict(p)),
+        lambda p: (p.num_turns, 4 * (p.num_turns + 1), p.num_actions, 4),
+    )
+)
+TASKS.register("random")(
+    TaskKind(
+        RandomParams,
+        lambda p: random_mdp(**asdict(p)),
+        lambda p: (p.num_turns, p.num_states, p.num_actions, min(p.branching or p.num_states, p.num_states)),
+    )
+)
 
 _PSI = re.compile(r"^(identity|last_feedback|modulo:([1-9][0-9]*))$")
 

@@ -1,0 +1,9 @@
+"""Tools as a registry (rtpo.llm.tools.base has the classes; docs in its docstring).
+
+Importing the package registers the built-in tools.
+"""
+
+from rtpo.llm.tools import python as _python  # noqa: F401 - registers the python tool
+from rtpo.llm.tools.base import TOOLS, Tool, ToolResult, ToolSet, make_tool, make_toolset
+
+__all__ = ["TOOLS", "Tool", "ToolResult", "ToolSet", "make_tool", "make_toolset"]
