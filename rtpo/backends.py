@@ -16,8 +16,8 @@ from rtpo.core.methods import RunContext
 from rtpo.core.registry import Registry
 
 if TYPE_CHECKING:
-    from rtpo.config import ScenarioConfig
-    from rtpo.eval import SampledEval
+    from rtpo.evaluation import SampledEval
+    from rtpo.schema import ScenarioConfig
 
 
 @dataclass
@@ -32,7 +32,7 @@ class BuiltBackend:
     value_key:          the evaluate() metric that is the policy's value (plotted, summarised).
     optimum_key:        the evaluate() metric holding the exact optimum, if the backend knows one.
     reference_keys:     further evaluate() metrics drawn as horizontal lines on the learning curve.
-    sampled_eval:       optional rtpo.eval.SampledEval: the eval environments, the policy at evaluation
+    sampled_eval:       optional rtpo.evaluation.SampledEval: the eval environments, the policy at evaluation
                         sampling settings and those settings, for `rtpo eval` (Pass@k and friends).
     """
 
@@ -57,6 +57,8 @@ class BackendSpec:
     build_role:    optional (ScenarioConfig, role) -> RunContext holding only what one worker role of a
                    distributed run uses ("rollout": env + sampler, "trainer": learner, "driver": all);
                    without it every worker runs the full build (rtpo.distributed.ScenarioFactory).
+    task_schemas:  optional () -> JSON Schemas of the task sections the backend accepts (one per task
+                   family); `rtpo config schema` offers them as alternatives.
     memory:        optional (ScenarioConfig) -> [(key, bytes), ...]: what building and one iteration would
                    allocate, by the config key that drives each part; the loader refuses a scenario whose
                    total exceeds the machine's memory, naming the largest part's key."""
@@ -67,6 +69,7 @@ class BackendSpec:
     solve: Callable[[ScenarioConfig], str] | None = None
     build_role: Callable[[ScenarioConfig, str], RunContext] | None = None
     memory: Callable[[ScenarioConfig], list[tuple[str, int]]] | None = None
+    task_schemas: Callable[[], list[dict]] | None = None
 
 
 BACKENDS: Registry[BackendSpec] = Registry("backend")

@@ -41,8 +41,13 @@ def _split_scenario(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from rtpo import __version__
+
     p = _OneLineParser(prog="rtpo", description="Reverse-Turn Policy Optimization testbed")
-    sub = p.add_subparsers(dest="command", metavar="{run,solve,eval,verify,compare}", parser_class=_OneLineParser)
+    p.add_argument("--version", action="version", version=f"rtpo {__version__}")
+    sub = p.add_subparsers(
+        dest="command", metavar="{run,solve,eval,verify,compare,config,scenarios,plot}", parser_class=_OneLineParser
+    )
     run = sub.add_parser("run", help="train on a scenario (default: the embedded default scenario)")
     run.add_argument(
         "args",
@@ -92,6 +97,19 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--chunk", type=int, metavar="P", help="problems per rollout call (default: all at once)")
     ev.add_argument("--scenario", metavar="FILE", help="with a HF model folder TARGET: the scenario to evaluate it in")
     ev.add_argument("--out", metavar="FILE", help="JSON report (default: RUN/eval.json, or ./eval-<name>.json)")
+    cfg = sub.add_parser("config", help="show a resolved scenario with every key's meaning, or the JSON Schema")
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="{show,schema}", parser_class=_OneLineParser)
+    show = cfg_sub.add_parser("show", help="the fully resolved scenario, every key commented (a valid scenario file)")
+    show.add_argument("args", nargs="*", metavar="[SCENARIO] [key=value ...]")
+    cfg_sub.add_parser("schema", help="JSON Schema of scenario files (every method, backend and task kind)")
+    sub.add_parser("scenarios", help="the shipped scenarios, one line each")
+    plot = sub.add_parser("plot", help="learning curves of existing run folders (mean and band over seeds)")
+    plot.add_argument(
+        "runs", nargs="+", metavar="RUN", help="run folders written by `rtpo run` (seeds of one method group)"
+    )
+    plot.add_argument("--metric", default=None, help="metric key (default: the backend's value, eval/value)")
+    plot.add_argument("--x", default="budget/rollouts", help="x axis key (default: budget/rollouts)")
+    plot.add_argument("--out", default="curves.png", help="output file; .svg or .pdf for vector output")
     sub.add_parser("verify", help="property tests of the paper's claims (rtpo.verify)", add_help=False)
     sub.add_parser("compare", help="equal-budget method comparison (rtpo.compare)", add_help=False)
     return p
@@ -124,6 +142,9 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(str(e))
     s = result.summary
+    if s["stopped_by"] == "interrupted":
+        print(f"interrupted; resume with: rtpo run --resume {result.run_dir}", file=sys.stderr, flush=True)
+        return 130
     line = f"run folder: {result.run_dir}\nfinal value {s['final_value']:.6g}"
     if s["value_over_optimum"] is not None:
         line += (
@@ -192,6 +213,80 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_config(ns: argparse.Namespace) -> int:
+    import json
+
+    from rtpo import configdoc
+    from rtpo.config import ConfigError, load_scenario
+
+    if ns.config_command == "schema":
+        print(json.dumps(configdoc.schema(), indent=2, default=str))
+        return 0
+    if ns.config_command != "show":
+        return _fail("config needs a subcommand: show [SCENARIO] [key=value ...] | schema")
+    scenario, overrides = _split_scenario(ns.args)
+    try:
+        print(configdoc.show(load_scenario(scenario, overrides)), end="")
+    except ConfigError as e:
+        return _fail(str(e))
+    return 0
+
+
+def shipped_scenarios() -> list[tuple[str, str]]:
+    """(path, first comment line) of the embedded default and of every file under ./scenarios."""
+    from importlib import resources
+
+    out = [
+        ("default (embedded)", _first_comment(resources.files("rtpo").joinpath("scenarios/default.yaml").read_text()))
+    ]
+    root = Path("scenarios")
+    if not root.is_dir():
+        root = Path(__file__).resolve().parents[1] / "scenarios"
+    for p in sorted(root.glob("*/*.yaml")) if root.is_dir() else []:
+        out.append((str(p), _first_comment(p.read_text(errors="replace"))))
+    return out
+
+
+def _first_comment(text: str) -> str:
+    for line in text.splitlines():
+        if line.startswith("#") and line.strip("# "):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def _cmd_scenarios() -> int:
+    rows = shipped_scenarios()
+    width = max(len(p) for p, _ in rows)
+    for path, doc in rows:
+        print(f"{path:<{width}}  {doc}")
+    return 0
+
+
+def _cmd_plot(ns: argparse.Namespace) -> int:
+    from rtpo.checkpoint import CONFIG, read_metrics
+    from rtpo.config import ConfigError, load_scenario
+    from rtpo.plots import run_curves
+
+    groups: dict[str, list[list[dict]]] = {}
+    for run in ns.runs:
+        d = Path(run)
+        if not (d / CONFIG).is_file():
+            return _fail(f"{run}: not a run folder (no {CONFIG})")
+        try:
+            cfg = load_scenario(d / CONFIG)
+        except ConfigError as e:
+            return _fail(str(e))
+        groups.setdefault(f"{cfg.name} {cfg.method.name}", []).append(read_metrics(d))
+    metric = ns.metric or "eval/value"
+    out = Path(ns.out)
+    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        return _fail(f"--out {out}: must end in .png, .svg or .pdf")
+    if run_curves(groups, out, metric, ns.x) is None:
+        return _fail(f"--metric {metric}: no run folder has it with {ns.x}")
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # verify/compare own their arguments entirely: hand everything after the subcommand over untouched
@@ -216,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_solve(ns)
     if ns.command == "eval":
         return _cmd_eval(ns)
+    if ns.command == "config":
+        return _cmd_config(ns)
+    if ns.command == "scenarios":
+        return _cmd_scenarios()
+    if ns.command == "plot":
+        return _cmd_plot(ns)
     parser.print_help(sys.stderr)
     return USAGE_ERROR
 

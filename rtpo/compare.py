@@ -49,6 +49,7 @@ CURVE_KEYS = (
     "eval/value",
     "eval/v_star",
     "eval/v_star_psi",
+    "eval/v_uniform",
     "consistency/rollout_train_ratio",
     "adv/zero_rate",
 )
@@ -303,6 +304,18 @@ def _ratio_dev(curve: list[dict]) -> float | None:
     return float(np.max(np.abs(np.asarray(r) - 1.0))) if r else None
 
 
+def _normalised_gain(curve: list[dict]) -> float | None:
+    """(V − V_uniform) / (V* − V_uniform) at the run's last evaluation: 0 = the uniform policy, 1 = V*.
+    On families where an exogenous event sets most of the value (region_chain), value/V* starts near
+    1 for any policy; this is the share of the controllable gap closed."""
+    last = [c for c in curve if "eval/value" in c and "eval/v_uniform" in c and "eval/v_star" in c]
+    if not last:
+        return None
+    c = last[-1]
+    gap = c["eval/v_star"] - c["eval/v_uniform"]
+    return (c["eval/value"] - c["eval/v_uniform"]) / gap if gap > 0 else None
+
+
 def aggregate(outcomes: list[Outcome]) -> list[dict]:
     """One row per (sweep value, label): mean ± 95% interval over seeds of each quantity."""
     groups: dict[tuple, list[Outcome]] = {}
@@ -325,6 +338,7 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
                 {
                     "seed": o.job.seed,
                     "value_over_optimum": s.get("value_over_optimum"),
+                    "normalised_gain": _normalised_gain(o.curve),
                     "final_value": s.get("final_value"),
                     "reached_target": s.get("reached_target"),
                     "zero_advantage_rate": s.get("zero_advantage_rate_mean"),
@@ -338,6 +352,7 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
             )
         for key in (
             "value_over_optimum",
+            "normalised_gain",
             "final_value",
             "zero_advantage_rate",
             "rollout_train_ratio",
@@ -369,6 +384,7 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
     head = ["method"] if sweep_key is None else [sweep_key, "method"]
     head += [
         "value/V*",
+        "gain",
         "final value",
         "reached target",
         "zero-adv rate",
@@ -384,7 +400,8 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         f"Command: `{meta['command']}`",
         "",
         f"Equal rollout budget per run (SPEC §2.3): {', '.join(f'{v}' for v in meta['budgets'].values())}; "
-        f"{meta['seeds']} seeds; mean ± 95% t-interval over seeds.",
+        f"{meta['seeds']} seeds; mean ± 95% t-interval over seeds.  gain = (V − V_uniform) / (V* − V_uniform) "
+        "at the last evaluation (tabular).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -394,6 +411,7 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         n_ok = len(r["per_seed"])
         cells += [
             _pm(r["value_over_optimum"]),
+            _pm(r["normalised_gain"]),
             _pm(r["final_value"]),
             f"{r['reached_target']}/{n_ok}",
             _pm(r["zero_advantage_rate"]),

@@ -35,3 +35,63 @@ def learning_curve(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+# Readable axis labels for the metric keys a paper plots (other keys are shown as they are).
+LABELS = {
+    "eval/value": "policy value",
+    "eval/value_over_v_star": "value / V*",
+    "eval/pass@1": "Pass@1",
+    "consistency/rollout_train_ratio": "rollout/train log-prob ratio (geometric mean)",
+    "adv/zero_rate": "zero-advantage rate",
+    "return/mean": "mean return",
+    "budget/rollouts": "rollouts spent",
+    "budget/tokens": "tokens generated",
+    "loss/clipfrac": "clipped fraction",
+    "global_phase": "phase",
+}
+
+
+def label(key: str) -> str:
+    return LABELS.get(key, key)
+
+
+def run_curves(
+    runs: dict[str, list[list[dict]]], path: Path, metric: str, x_key: str = "budget/rollouts", title: str = ""
+) -> Path | None:
+    """One curve per label (mean over its runs, band = min..max across them) of `metric` against `x_key`,
+    each run's points interpolated onto a common grid.  The file type follows the suffix (.png, .svg, .pdf).
+    Returns the path written, or None when no run has the metric."""
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    drawn = False
+    for name, group in runs.items():
+        series = []
+        for metrics in group:
+            rows = [m for m in metrics if metric in m and x_key in m]
+            if rows:
+                series.append((np.array([m[x_key] for m in rows], float), np.array([m[metric] for m in rows], float)))
+        if not series:
+            continue
+        lo = max(s[0][0] for s in series)
+        hi = min(s[0][-1] for s in series)
+        grid = np.linspace(lo, hi, 100) if hi > lo else np.array([lo])
+        ys = np.stack([np.interp(grid, x, y) for x, y in series])
+        ax.plot(grid, ys.mean(0), lw=1.5, label=f"{name} (n={len(series)})")
+        if len(series) > 1:
+            ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.2)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel(label(x_key))
+    ax.set_ylabel(label(metric))
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

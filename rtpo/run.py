@@ -16,7 +16,6 @@ import dataclasses
 import json
 import math
 import os
-import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +23,21 @@ from typing import Any
 
 import numpy as np
 
+from rtpo import checkpoint
 from rtpo.backends import BuiltBackend, get_backend
+from rtpo.checkpoint import (
+    CONFIG,
+    CURVE,
+    METRICS,
+    SUMMARY,
+    SUMMARY_JSON,
+    atomic_write_text,
+    read_metrics,
+    truncate_metrics,
+)
 from rtpo.config import ConfigError, ScenarioConfig, load_scenario
 from rtpo.core.budget import Budget
-
-CHECKPOINT = "checkpoint.pkl"
-METRICS = "metrics.jsonl"
-CONFIG = "config.yaml"
-_CKPT_VERSION = 1
+from rtpo.trackers import open_trackers
 
 
 @dataclass
@@ -57,21 +63,13 @@ class _Progress:
     stopped_by: str | None = None
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write_bytes(path, text.encode())
-
-
 def _new_run_dir(out_root: Path, cfg: ScenarioConfig) -> Path:
-    out_root.mkdir(parents=True, exist_ok=True)
+    if out_root.exists() and not out_root.is_dir():
+        raise ConfigError(f"--out {out_root}: exists and is not a folder")
+    try:
+        out_root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out_root}: cannot create the folder ({e.strerror or e})") from None
     stem = f"{cfg.name}-{cfg.method.name}-{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     for i in range(1, 1000):
         path = out_root / (stem if i == 1 else f"{stem}-{i}")
@@ -93,57 +91,28 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def read_metrics(run_dir: Path, limit: int | None = None) -> list[dict]:
-    """The complete lines of metrics.jsonl (at most `limit`); a torn last line is ignored."""
-    path = Path(run_dir) / METRICS
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        if limit is not None and len(out) >= limit:
-            break
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
-
-
-def _save_checkpoint(run_dir: Path, built: BuiltBackend, prog: _Progress) -> None:
+def _save_checkpoint(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, prog: _Progress) -> None:
     ctx = built.ctx
     state = {
-        "version": _CKPT_VERSION,
         "learner": ctx.learner.state_dict(),
         "sampler": built.sampler_state(),
         "rng": ctx.rng.bit_generator.state,
         "budget": dataclasses.asdict(ctx.budget),
         "progress": {f.name: getattr(prog, f.name) for f in dataclasses.fields(prog)},
     }
-    _atomic_write_bytes(run_dir / CHECKPOINT, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    checkpoint.write_checkpoint(run_dir, cfg, state)
 
 
-def _load_checkpoint(run_dir: Path, built: BuiltBackend) -> _Progress:
-    try:
-        state = pickle.loads((run_dir / CHECKPOINT).read_bytes())
-    except (OSError, pickle.UnpicklingError, EOFError) as e:
-        raise ConfigError(f"--resume {run_dir}: unreadable checkpoint ({e})") from None
-    if state.get("version") != _CKPT_VERSION:
-        raise ConfigError(f"--resume {run_dir}: checkpoint version {state.get('version')} is not {_CKPT_VERSION}")
+def _restore(state: dict, built: BuiltBackend) -> _Progress:
     ctx = built.ctx
     ctx.learner.load_state_dict(state["learner"])
     built.load_sampler_state(state["sampler"])
     ctx.rng.bit_generator.state = state["rng"]
     ctx.budget = Budget(**state["budget"])
-    return _Progress(**state["progress"])
-
-
-def _truncate_metrics(run_dir: Path, lines: int) -> None:
-    """Keep exactly the first `lines` metric lines: the phases the checkpoint covers."""
-    kept = read_metrics(run_dir, lines)
-    if len(kept) < lines:
-        raise ConfigError(f"--resume {run_dir}: metrics.jsonl has {len(kept)} lines, checkpoint expects {lines}")
-    text = "".join(json.dumps(m) + "\n" for m in kept)
-    _atomic_write_text(run_dir / METRICS, text)
+    prog = _Progress(**state["progress"])
+    if prog.stopped_by == "interrupted":  # Ctrl-C stopped it at a phase boundary: carry on from there
+        prog.stopped_by = None
+    return prog
 
 
 def _query_ids(iteration: int, count: int, num_queries: int | None) -> np.ndarray:
@@ -152,24 +121,99 @@ def _query_ids(iteration: int, count: int, num_queries: int | None) -> np.ndarra
     return ids % num_queries if num_queries else ids
 
 
-def _make_progress(enabled: bool, total: int):
-    if not enabled:
-        return None
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+class _Console:
+    """What a run prints while it runs: the run folder first, then on a terminal a bar (phase, key metric,
+    elapsed, ETA), elsewhere (a file, nohup, SLURM) one plain line per phase, flushed as it is written.
+    Disabled (`progress=False`, `--no-progress`): nothing."""
 
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        return None
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:.1f}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-    return bar
+    def __init__(self, enabled: bool, cfg: ScenarioConfig, run_dir: Path, done: float) -> None:
+        import sys
+
+        self.cfg, self.total, self.start_done = cfg, cfg.budget.iterations, done
+        self.t0 = time.perf_counter()
+        self.bar = self.task = None
+        self.mode = "off"
+        if not enabled:
+            return
+        print(f"run folder: {run_dir}", flush=True)
+        self.mode = "tty" if sys.stdout.isatty() else "lines"
+        if self.mode == "tty":
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed:.1f}/{task.total} it"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(),
+                transient=False,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(f"{cfg.name} {cfg.method.name}", total=self.total, completed=done)
+
+    def eta_s(self, done: float) -> float | None:
+        rate = (done - self.start_done) / max(time.perf_counter() - self.t0, 1e-9)
+        return (self.total - done) / rate if rate > 0 else None
+
+    def phase(self, record: dict, done: float, ratio: float | None) -> None:
+        if self.mode == "off":
+            return
+        head = f"it {record['iteration'] + 1}/{self.total} phase {record['phase']}"
+        head += f" (turn {int(record['phase/turn'])})" if "phase/turn" in record else ""
+        value = f" value/opt {ratio:.4f}" if ratio is not None else ""
+        if self.mode == "tty":
+            self.bar.update(
+                self.task, completed=done, description=f"{self.cfg.name} {self.cfg.method.name} {head}{value}"
+            )
+            return
+        eta = self.eta_s(done)
+        elapsed = record.get("time/elapsed_s", 0.0)
+        rollouts = record.get("budget/rollouts")
+        print(
+            f"{head}{value}"
+            + (f" rollouts {rollouts}" if rollouts is not None else "")
+            + f" elapsed {elapsed:.1f}s"
+            + (f" eta {eta:.0f}s" if eta is not None else ""),
+            flush=True,
+        )
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+class _SafeInterrupt:
+    """Ctrl-C stops the run at the next phase boundary (after its metrics line and a checkpoint) instead of
+    mid-update; a second Ctrl-C interrupts at once.  Only in the main thread (signals go nowhere else)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old = None
+
+    def __enter__(self) -> _SafeInterrupt:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        import sys
+
+        print("\ninterrupt: stopping after this phase (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            import signal
+
+            signal.signal(signal.SIGINT, self._old)
 
 
 def run_scenario(
@@ -182,6 +226,7 @@ def run_scenario(
 
     On resume the run's own config.yaml is authoritative; a `cfg` that differs from it is an error.
     """
+    state = None
     if resume is not None:
         run_dir = Path(resume)
         if not (run_dir / CONFIG).is_file():
@@ -190,11 +235,12 @@ def run_scenario(
         if cfg is not None and cfg.to_dict() != saved.to_dict():
             raise ConfigError(f"--resume {run_dir}: the given scenario differs from the run's {CONFIG}")
         cfg = saved
+        state = checkpoint.resume_state(run_dir, cfg)  # verified before anything is built or touched
     else:
         if cfg is None:
             raise ConfigError("run_scenario needs a scenario config or resume=RUN_DIR")
         run_dir = _new_run_dir(Path(out_root), cfg)
-        _atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
+        atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
 
     built = get_backend(cfg.backend.kind).build(cfg)
     if cfg.backend.distributed != "none":
@@ -202,20 +248,20 @@ def run_scenario(
 
         built = distribute(built, cfg, cfg.backend.distributed, cfg.resources, cfg.backend.address)
     try:
-        return _run_loop(cfg, built, run_dir, resume, progress)
+        return _run_loop(cfg, built, run_dir, state, progress)
     finally:
         getattr(built.ctx, "shutdown", lambda: None)()
 
 
-def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, resume, progress: bool) -> RunResult:
+def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: dict | None, progress: bool) -> RunResult:
     method = cfg.method.build()
     ctx = built.ctx
-    if resume is not None and (run_dir / CHECKPOINT).exists():
-        prog = _load_checkpoint(run_dir, built)
-        _truncate_metrics(run_dir, prog.metric_lines)
+    if state is not None:
+        prog = _restore(state, built)
+        truncate_metrics(run_dir, prog.metric_lines)
     else:
         prog = _Progress()
-        _atomic_write_text(run_dir / METRICS, "")
+        atomic_write_text(run_dir / METRICS, "")
 
     budget_cfg = cfg.budget
 
@@ -223,15 +269,13 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, resume, p
         return budget_cfg.max_rollouts is not None and ctx.budget.rollouts >= budget_cfg.max_rollouts
 
     start = time.perf_counter()
-    bar = _make_progress(progress and cfg.logging.progress, budget_cfg.iterations)
-    task_id = None
-    if bar is not None:
-        bar.start()
-        done = prog.iteration + (prog.phase_in_iter / prog.phases_in_iter if prog.phases_in_iter else 0.0)
-        task_id = bar.add_task(f"{cfg.name} {cfg.method.name}", total=budget_cfg.iterations, completed=done)
+    done0 = prog.iteration + (prog.phase_in_iter / prog.phases_in_iter if prog.phases_in_iter else 0.0)
+    console = _Console(progress and cfg.logging.progress, cfg, run_dir, done0)
+    interrupt = _SafeInterrupt()
     last_eval: dict[str, float] = {}
+    trackers = open_trackers([t for t in cfg.logging.trackers if t != "jsonl"], run_dir, cfg.to_dict())
     try:
-        with open(run_dir / METRICS, "a") as metrics_file:
+        with interrupt, open(run_dir / METRICS, "a") as metrics_file:
             while prog.stopped_by is None:
                 if prog.it_state is None:
                     if prog.iteration >= budget_cfg.iterations:
@@ -273,32 +317,35 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, resume, p
                     "time/phase_s": phase_s,
                     "time/elapsed_s": prog.elapsed_s + time.perf_counter() - start,
                 }
-                metrics_file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+                line = {k: _jsonable(v) for k, v in record.items()}
+                metrics_file.write(json.dumps(line) + "\n")
                 metrics_file.flush()
                 os.fsync(metrics_file.fileno())
                 prog.metric_lines += 1
+                for t in trackers:  # the same record, the same keys
+                    t.log(line, prog.global_phase)
                 if iter_done:
                     prog.it_state, prog.iteration = None, prog.iteration + 1
                 # the elapsed time so far belongs to the checkpoint, so a resumed run's clock continues
-                if last or prog.global_phase % cfg.logging.checkpoint_every == 0:
+                if last or interrupt.requested or prog.global_phase % cfg.logging.checkpoint_every == 0:
                     saved_elapsed = prog.elapsed_s
                     prog.elapsed_s = saved_elapsed + time.perf_counter() - start
-                    _save_checkpoint(run_dir, built, prog)
+                    _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
-                if bar is not None:
-                    ratio = _ratio(eval_metrics or last_eval, built)
-                    desc = f"{cfg.name} {cfg.method.name}" + (f"  value/opt {ratio:.3f}" if ratio is not None else "")
-                    done = prog.iteration + (
-                        prog.phase_in_iter / prog.phases_in_iter
-                        if prog.it_state is not None and prog.phases_in_iter
-                        else 0.0
-                    )
-                    bar.update(task_id, completed=done, description=desc)
+                done = prog.iteration + (
+                    prog.phase_in_iter / prog.phases_in_iter
+                    if prog.it_state is not None and prog.phases_in_iter
+                    else 0.0
+                )
+                console.phase(record, done, _ratio(eval_metrics or last_eval, built))
+                if interrupt.requested and not last:
+                    prog.stopped_by = "interrupted"
     finally:
-        if bar is not None:
-            bar.stop()
+        console.stop()
+        for t in trackers:
+            t.close()
     prog.elapsed_s += time.perf_counter() - start
-    _save_checkpoint(run_dir, built, prog)
+    _save_checkpoint(run_dir, cfg, built, prog)
     metrics = read_metrics(run_dir)
     summary = _finish(run_dir, cfg, built, metrics, prog)
     return RunResult(run_dir=run_dir, metrics=metrics, summary=summary)
@@ -346,14 +393,14 @@ def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: li
 
         plot = learning_curve(
             metrics,
-            run_dir / "learning_curve.png",
+            run_dir / CURVE,
             built.value_key,
             refs,
             f"{cfg.name} / {cfg.method.name} / seed {cfg.seed}",
         )
     summary["plot"] = plot.name if plot else None
-    _atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    _atomic_write_text(run_dir / "summary.md", _summary_md(summary, refs))
+    atomic_write_text(run_dir / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run_dir / SUMMARY, _summary_md(summary, refs))
     return summary
 
 

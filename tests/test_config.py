@@ -83,7 +83,7 @@ def test_overrides_are_yaml_scalars():
         (["task.psi=modulo:0"], "task.psi: must be identity, last_feedback or modulo:<n>"),
         (["task.num_turns=0"], "task.num_turns: must be in [1, 64], got 0"),
         (["task.sharpnes=2"], "task.sharpnes: unknown key"),
-        (["task.policy=tree"], "task.policy: must be 'softmax' or 'loglinear'"),
+        (["task.policy=tree"], "task.policy: must be 'softmax', 'loglinear' or 'shared'"),
         (["backend.kind=quantum"], "backend.kind: unknown backend 'quantum'"),
         (["backend.extra=1"], "backend.extra: unknown key"),
         (["bogus=1"], "bogus: unknown key"),
@@ -91,7 +91,7 @@ def test_overrides_are_yaml_scalars():
         (["eval.target=2"], "eval.target: must be <= 1"),
         (["method.G"], "override 'method.G': must look like key.sub=value"),
         (["method..G=3"], "method..G: not a valid key path"),
-        (["method.G=[1, 2]"], "method.G: override value must be a scalar"),
+        (["method.G={a: 1}"], "method.G: override value must be a scalar"),
         (["method.G.x=3"], "method.G: is a value, not a section"),
     ],
 )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rtpo.checkpoint import read_checkpoint
 from rtpo.config import load_scenario
 from rtpo.core.methods.rtpo import RTPO
 from rtpo.run import read_metrics, run_scenario
@@ -114,9 +114,7 @@ def test_resume_after_crash_continues_exactly(tmp_path, monkeypatch, every):
     monkeypatch.setattr(RTPO, "phase", real_phase)
     (run_dir,) = (tmp_path / "b").iterdir()
     assert len(read_metrics(run_dir)) == 6
-    assert pickle.loads((run_dir / "checkpoint.pkl").read_bytes())["progress"]["metric_lines"] == (
-        6 if every == 1 else 4
-    )
+    assert read_checkpoint(run_dir / "checkpoint.pkl")["progress"]["metric_lines"] == (6 if every == 1 else 4)
     resumed = run_scenario(None, resume=run_dir, progress=False)
     assert _untimed(resumed.metrics) == _untimed(full.metrics)
 
@@ -142,7 +140,7 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path):
             dirs = list(out.iterdir()) if out.exists() else []
             if dirs and (dirs[0] / "checkpoint.pkl").exists():
                 run_dir = dirs[0]
-                ckpt = pickle.loads((run_dir / "checkpoint.pkl").read_bytes())
+                ckpt = read_checkpoint(run_dir / "checkpoint.pkl")
                 if ckpt["progress"]["metric_lines"] >= 3:
                     break
             assert proc.poll() is None, proc.stderr.read().decode()
@@ -156,7 +154,7 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    ckpt = pickle.loads((run_dir / "checkpoint.pkl").read_bytes())
+    ckpt = read_checkpoint(run_dir / "checkpoint.pkl")
     done = ckpt["progress"]["metric_lines"]
     assert 3 <= done < total  # really interrupted mid-run
     before = read_metrics(run_dir)[:done]

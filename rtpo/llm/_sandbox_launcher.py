@@ -7,18 +7,22 @@ Protocol: argv[1] is a JSON config; stdin carries the program text.  Exit status
 or 128 + signal number when the program was killed by a signal; 125 when isolation itself failed
 (the reason is written to stderr).
 
-Kernel mode ("namespaces", needs root): unshare PID, network, mount, IPC and UTS namespaces; fork a
-PID 1 for the new PID namespace that stays root, mounts private tmpfs over the world-writable folders
-(/tmp, /var/tmp, /dev/shm, /run/lock; the working folder lives in the /tmp one, so nothing written
-persists on the host), hides the caller's home behind an empty tmpfs (binding the interpreter's own
-folders back read-only), mounts a fresh /proc (host processes and their environments are invisible),
-and forks the program as PID 2 under an unprivileged per-call uid/gid (RLIMIT_NPROC is not enforced
-for root, and a uid of its own keeps one call's processes from counting against another's) with the
-resource limits set.  When the program exits, PID 1 exits and the kernel kills whatever it left.
-The network namespace has only a loopback that is down, so every connection fails in the kernel.
+Kernel mode ("namespaces", needs root): join cgroups of the call's own (memory and pids: the limits
+hold for the call as a whole, however many processes it forks; without a writable cgroup hierarchy the
+memory limit is split over max_processes as RLIMIT_AS per process), unshare PID, network, mount, IPC and
+UTS namespaces, and fork a PID 1 for the new PID namespace that stays root and builds a root of its own on
+a tmpfs: the system's library folders (/usr, /lib...) and the interpreter's own folders (its venv and
+base prefix, wherever they live; a mode-0700 home above them is no obstacle) bind-mounted read-only, a
+/dev with null/zero/full/random/urandom, a fresh /proc, and a private scratch tmpfs at /tmp holding the
+working folder.  It pivots into that root and detaches the old one, so nothing else of the host exists
+for the program: no data (training files with gold answers), no sources (reward code), no home, no unix
+sockets (abstract ones belong to the new network namespace).  The program runs as PID 2 under a fresh
+unprivileged per-call uid/gid with resource limits.  When it exits, PID 1 exits and the kernel kills
+whatever it left.  The network namespace has only a loopback that is down.
 
-Fallback mode ("rlimits", not root): resource limits, a fresh session, and a socket guard installed
-in Python before the program runs.  It cannot stop writes outside the folder; the parent warns.
+Fallback mode ("rlimits"): resource limits, a fresh session, and a socket guard installed in Python
+before the program runs.  It cannot stop reads or writes outside the folder, so rtpo.llm.sandbox runs it
+only when the scenario says `task.sandbox.allow_unisolated: true`; otherwise the call is refused.
 """
 
 import ctypes
@@ -64,6 +68,7 @@ def _fail(msg):
 def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
     return libc
 
 
@@ -115,48 +120,127 @@ def _reap_until(main_pid):
             os._exit(os.WEXITSTATUS(status))
 
 
+# what the interpreter needs from the operating system, seen read-only inside the sandbox's root
+_SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
+_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_ROOT = "/tmp"  # the new root is a tmpfs mounted here (in this mount namespace only), then pivoted into
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = 155  # x86_64
+
+
+def _enter_cgroups(cfg):
+    """Put this process (and so every process of the call) into cgroups of its own with the call's memory
+    and process limits, when the host offers a writable memory and pids hierarchy (v1 or v2).  Returns
+    the scope of the limits: "cgroup" (per call) or "process" (RLIMIT_AS per process, see _limits)."""
+    name = f"rtpo-sandbox-{int(cfg['uid'])}"
+    lim = cfg["limits"]
+    pid = str(os.getpid())
+    v2 = "/sys/fs/cgroup"
+    try:
+        if os.path.exists(v2 + "/cgroup.controllers"):
+            ctrl = open(v2 + "/cgroup.controllers").read().split()
+            if "memory" in ctrl and "pids" in ctrl:
+                d = os.path.join(v2, name)
+                os.mkdir(d)
+                _write(d + "/memory.max", lim["memory_bytes"])
+                _write(d + "/memory.swap.max", 0, required=False)
+                _write(d + "/pids.max", lim["max_processes"])
+                _write(d + "/cgroup.procs", pid)
+                return "cgroup"
+        mem, pids = v2 + "/memory", v2 + "/pids"
+        if os.path.isdir(mem) and os.path.isdir(pids):
+            dm, dp = os.path.join(mem, name), os.path.join(pids, name)
+            os.mkdir(dm)
+            os.mkdir(dp)
+            _write(dm + "/memory.limit_in_bytes", lim["memory_bytes"])
+            _write(dm + "/memory.memsw.limit_in_bytes", lim["memory_bytes"], required=False)
+            _write(dp + "/pids.max", lim["max_processes"])
+            _write(dm + "/cgroup.procs", pid)
+            _write(dp + "/cgroup.procs", pid)
+            return "cgroup"
+    except OSError:
+        pass
+    return "process"
+
+
+def _write(path, value, required=True):
+    try:
+        with open(path, "w") as f:
+            f.write(str(value))
+    except OSError:
+        if required:
+            raise
+
+
+def _bind(libc, fd, target, file=False):
+    if file:
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        open(target, "a").close()
+    else:
+        os.makedirs(target, mode=0o755, exist_ok=True)
+    _check(libc.mount(f"/proc/self/fd/{fd}".encode(), target.encode(), None, MS_BIND | MS_REC, None), f"bind {target}")
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
+    _check(libc.mount(None, target.encode(), None, flags, None), f"read-only {target}")
+
+
 def _namespaces(cfg, code):
     libc = _libc()
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     pid = os.fork()
     if pid:
         _wait_and_relay(pid)
-    # PID 1 of the new namespace from here on: it stays root, sets up the mounts, runs the program as
-    # PID 2 (PID 1 ignores default-action signals such as SIGXCPU, so user code must not be PID 1) and
+    # PID 1 of the new namespace from here on: it stays root, builds the sandbox's root, runs the program
+    # as PID 2 (PID 1 ignores default-action signals such as SIGXCPU, so user code must not be PID 1) and
     # exits with its status, at which point the kernel kills whatever else the program left behind.
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     # private propagation first, so none of the mounts below leak back to the host
     _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-    # The interpreter (and its venv) must stay reachable for the unprivileged uid even when it lives
-    # under a folder we hide (HOME) or overmount (/tmp): hold it by fd now, bind it back afterwards.
-    keep = {}
+    # Everything the program may see, held by fd before the new root covers the paths: the interpreter's
+    # own folders (its venv, wherever it lives: a mode-0700 home is no obstacle, since the new root's
+    # parents of it are fresh 0755 folders), the system's library folders, a few files and devices.
+    # Nothing else of the host exists in the new root: no data, no sources, no home, no sockets.
+    dirs, links, files = {}, {}, {}
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            links[path] = os.readlink(path)
+        elif os.path.isdir(path):
+            dirs[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
     for path in cfg["keep"]:
-        if os.path.isdir(path):
-            keep[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
+        if os.path.isdir(path) and not any(path == d or path.startswith(d + "/") for d in dirs):
+            dirs[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
+    for path in (*_SYSTEM_FILES, *_DEVICES):
+        if os.path.exists(path):
+            files[path] = os.open(path, os.O_PATH)
+    root = _ROOT
+    _check(libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"), "tmpfs root")
+    # the scratch tmpfs first: an interpreter that itself lives under /tmp is bound on top of it
     size = f"size={int(cfg['limits']['tmpfs_bytes'])},mode=1777".encode()
-    covered = []
-    # every world-writable folder of a usual Linux (the per-call uid owns nothing, so these are the only
-    # places it could write); a symlink (/var/lock -> /run/lock) is covered through its target
-    for target in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/run/shm"):
-        if os.path.isdir(target) and not os.path.islink(target):
-            _check(libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size), f"tmpfs on {target}")
-            covered.append(target)
-    for home in cfg["hide"]:
-        # the parent's home (keys, tokens, caches) is replaced by an empty, read-only-to-others folder
-        if home not in ("/", "") and os.path.isdir(home) and not any(home.startswith(c + "/") for c in covered):
-            _check(
-                libc.mount(b"tmpfs", home.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"),
-                f"tmpfs on {home}",
-            )
-            covered.append(home)
-    for path, fd in keep.items():
-        if any(path == c or path.startswith(c + "/") for c in covered):
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            _check(
-                libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None), f"bind {path}"
-            )
-            _check(libc.mount(None, path.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None), f"read-only {path}")
+    scratch = root + "/tmp"
+    os.mkdir(scratch, 0o755)
+    _check(libc.mount(b"tmpfs", scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size), "tmpfs scratch")
+    for path, fd in sorted(dirs.items()):
+        _bind(libc, fd, root + path)
         os.close(fd)
+    for path, target in links.items():
+        os.symlink(target, root + path)
+    dev = root + "/dev"
+    os.mkdir(dev, 0o755)
+    _check(libc.mount(b"tmpfs", dev.encode(), b"tmpfs", MS_NOSUID, b"size=64k,mode=0755"), "tmpfs /dev")
+    for path, fd in files.items():
+        _bind(libc, fd, root + path, file=True)
+        os.close(fd)
+    os.symlink("/tmp", dev + "/shm")
+    os.mkdir(root + "/proc", 0o555)
+    # pivot into the new root and drop the old one: the host's file system is gone for this namespace
+    os.chdir(root)
+    os.mkdir(".old", 0o700)
+    libc.syscall.restype = ctypes.c_long
+    _check(libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
+    os.chdir("/")
+    _check(libc.umount2(b"/.old", MNT_DETACH), "detach the old root")
+    os.rmdir("/.old")
+    _check(libc.mount(None, b"/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None), "read-only /")
     # a fresh /proc shows only this namespace (host processes and their environ stay hidden)
     if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
         _fail("mount /proc: " + os.strerror(ctypes.get_errno()))
@@ -180,6 +264,8 @@ def _namespaces(cfg, code):
     python = cfg["python"]
     if not os.access(python, os.X_OK):
         python = cfg["fallback_python"]
+    if not os.access(python, os.X_OK):
+        _fail(f"the interpreter {python} is not reachable inside the sandbox")
     env = dict(cfg["env"], HOME=work, TMPDIR=work, PWD=work)
     os.execve(python, [python, "-I", "-u", "main.py"], env)  # -u: output before a kill survives
 
@@ -204,6 +290,10 @@ def main():
     os.close(devnull)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if cfg["mode"] == "namespaces":
+        scope = _enter_cgroups(cfg)  # before unshare: cgroup.procs takes host pids
+        if scope == "process":  # no per-call cgroup: split the call's memory over its processes
+            lim = cfg["limits"]
+            lim["memory_bytes"] = max(lim["memory_bytes"] // lim["max_processes"], 1)
         _namespaces(cfg, code)
     else:
         _rlimits_only(cfg, code)

@@ -22,9 +22,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
-from rtpo.config import BackendConfig, ConfigError, ScenarioConfig, pydantic_error
 from rtpo.core.methods import RunContext
-from rtpo.eval import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
+from rtpo.evaluation import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
+from rtpo.schema import BackendConfig, ConfigError, ScenarioConfig, pydantic_error
 
 
 class LLMBackendConfig(BackendConfig):
@@ -62,6 +62,32 @@ class LLMBackendConfig(BackendConfig):
     mixed_precision: Literal["bfloat16", "float16"] | None = Field(None, description="FSDP2 compute dtype (GPU)")
     engine_dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="engine dtype")
     gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
+
+
+class SandboxSection(BaseModel):
+    """`task.sandbox`: limits of one Python tool call (rtpo.llm.sandbox.SandboxLimits)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+    wall_time_s: float = Field(10.0, gt=0, le=3600, description="wall-clock budget of one call")
+    cpu_time_s: int = Field(5, ge=1, le=3600, description="CPU seconds of one call")
+    memory_mb: int = Field(1024, ge=16, le=1 << 20, description="memory of one call, all its processes together")
+    max_processes: int = Field(32, ge=1, le=4096, description="processes and threads of one call")
+    allow_unisolated: bool = Field(
+        False,
+        description="where kernel isolation cannot be set up, run calls with resource limits only (logged "
+        "loudly, metric tool/unisolated); false (default): such calls are refused",
+    )
+
+    def limits(self):
+        from rtpo.llm.sandbox import SandboxLimits
+
+        return SandboxLimits(
+            wall_time_s=self.wall_time_s,
+            cpu_time_s=self.cpu_time_s,
+            memory_bytes=self.memory_mb * 1024 * 1024,
+            max_processes=self.max_processes,
+            allow_unisolated=self.allow_unisolated,
+        )
 
 
 class LLMTaskConfig(BaseModel):
@@ -102,6 +128,7 @@ class LLMTaskConfig(BaseModel):
         description="leave out problems whose prompt alone exceeds max_context_tokens "
         "(false: such a problem is a config error naming it)",
     )
+    sandbox: SandboxSection = Field(default_factory=SandboxSection, description="limits of one tool call")
     answer_parse: Literal["boxed", "last_integer", "last_digit"] = Field(
         "boxed",
         description="boxed: the last \\boxed{} (paper); last_integer / last_digit: lenient, for tiny "
@@ -257,7 +284,7 @@ def sampled_eval_of(
     sampler: TrackedSampler,
     eval_sampling: Any,
 ) -> SampledEval:
-    """The llm backend's part of rtpo.eval: held-out (eval) and training problems, the engine with the
+    """The llm backend's part of rtpo.evaluation: held-out (eval) and training problems, the engine with the
     learner's weights at eval temperature/top-p, and the settings a report records."""
     return SampledEval(
         splits={"eval": EvalSplit(eval_env, len(eval_env.task)), "train": EvalSplit(env, len(env.task))},
@@ -276,7 +303,7 @@ def sampled_eval_of(
 
 
 def _evaluate(sampled: SampledEval, env: Any, sampler: TrackedSampler, seed: int) -> dict[str, float]:
-    """The in-run evaluation: Pass@1 and friends (rtpo.eval.in_run_metrics) of the learner's current
+    """The in-run evaluation: Pass@1 and friends (rtpo.evaluation.in_run_metrics) of the learner's current
     weights on the first task.eval_queries problems of the eval split, one sample each, drawn with a
     fixed seed (the same draws every time); plus the training env's counters since the last call and
     the weight-sync time."""
@@ -338,6 +365,7 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
                 answer_parse=task.answer_parse,
                 full_context_map=task.full_context_map,
                 max_context_tokens=limit,
+                sandbox=task.sandbox.limits(),
             )
         except (KeyError, ValueError) as e:
             raise ConfigError(f"task: {' '.join(str(e).split())}") from None
@@ -479,4 +507,21 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     )
 
 
-register_backend("llm", BackendSpec(config=LLMBackendConfig, parse_task=parse_task, build=build, build_role=build_role))
+def task_schemas() -> list[dict]:
+    """JSON Schemas of the llm backend's task sections (math; airline when its module imports)."""
+    out = [LLMTaskConfig.model_json_schema()]
+    try:
+        from rtpo.llm.airline.build import AirlineTaskConfig
+
+        out.append(AirlineTaskConfig.model_json_schema())
+    except ImportError:
+        pass
+    return out
+
+
+register_backend(
+    "llm",
+    BackendSpec(
+        config=LLMBackendConfig, parse_task=parse_task, build=build, build_role=build_role, task_schemas=task_schemas
+    ),
+)

@@ -357,7 +357,7 @@ class LLMEnv:
 
     def _tool(self, t: Any) -> Tool:
         if t == "python":
-            return PythonTool(self.sandbox, self.run_tool, self.max_feedback_chars)
+            return PythonTool(self.sandbox, self.max_feedback_chars, run=self.run_tool)
         if isinstance(t, str):
             return make_tool(t)
         if isinstance(t, dict) and len(t) == 1:

@@ -132,15 +132,22 @@ def plan_micro_batches(batch: TurnBatch, world_size: int, micro_batch_tokens: in
     return plan
 
 
-def _detached(tree: Any) -> Any:
+def _detached(tree: Any, _memo: dict | None = None) -> Any:
     """A copy of every tensor in a nested state dict.  With one CPU rank the 'full' state dict
-    shares storage with the live parameters and optimiser moments; a snapshot must not move with them."""
+    shares storage with the live parameters and optimiser moments; a snapshot must not move with them.
+
+    Tensors that alias one another (a tied embedding and lm_head) are copied once and stay aliased
+    in the copy, so tied weights are never stored twice (nor pickled twice by torch.save)."""
+    memo: dict = {} if _memo is None else _memo
     if isinstance(tree, torch.Tensor):
-        return tree.detach().clone()
+        key = (tree.untyped_storage().data_ptr(), tree.storage_offset(), tuple(tree.shape), tree.stride(), tree.dtype)
+        if tree.numel() == 0 or key not in memo:
+            memo[key] = tree.detach().clone()
+        return memo[key]
     if isinstance(tree, dict):
-        return {k: _detached(v) for k, v in tree.items()}
+        return {k: _detached(v, memo) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        return type(tree)(_detached(v) for v in tree)
+        return type(tree)(_detached(v, memo) for v in tree)
     return tree
 
 

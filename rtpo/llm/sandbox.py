@@ -2,9 +2,12 @@
 
 `run_python(code, limits)` never raises on bad code: syntax errors, crashes, bombs and timeouts are all
 a `SandboxResult`.  Isolation is done in the kernel where the process may (root, as on this project's
-machines and CI): new PID/network/mount namespaces, private tmpfs for every world-writable folder, a
-fresh /proc, an unprivileged per-call uid, resource limits (see `_sandbox_launcher.py`).  Elsewhere it
-falls back to resource limits plus a Python-level socket guard and says so (`SandboxResult.isolation`).
+machines and CI): per-call cgroups, new PID/network/mount namespaces, a pivot into a root that holds only
+the interpreter and the system libraries read-only plus a private scratch tmpfs, a fresh /proc, an
+unprivileged per-call uid, resource limits (see `_sandbox_launcher.py`).  It fails closed: where that
+isolation cannot be set up, a call is refused (`SandboxResult.isolation == "refused"`, the error names
+the real cause) unless `SandboxLimits.allow_unisolated` (scenario: `task.sandbox.allow_unisolated`) says
+to run it with resource limits and a Python socket guard only, which is warned about loudly and counted.
 """
 
 from __future__ import annotations
@@ -34,12 +37,19 @@ class SandboxLimits:
 
     wall_time_s:      wall-clock budget; the whole process tree is killed when it runs out.
     cpu_time_s:       RLIMIT_CPU (seconds of CPU).
-    memory_bytes:     RLIMIT_AS per process.
-    max_processes:    RLIMIT_NPROC (processes and threads of the sandbox's own uid).
+    memory_bytes:     memory of the whole call: a cgroup of its own where the host offers one (every process
+                      it forks counts against the one limit), and RLIMIT_AS per process as well; without a
+                      cgroup, RLIMIT_AS = memory_bytes / max_processes per process, so the product of
+                      process count and per-process limit is still the call's limit.
+    max_processes:    the call's processes and threads (its cgroup's pids.max, and RLIMIT_NPROC of the
+                      fresh per-call uid).
     max_file_bytes:   RLIMIT_FSIZE, the largest file it may write.
     tmpfs_bytes:      size of the private /tmp (kernel mode): all files it writes together.
     max_output_bytes: stdout and stderr kept, each; past this the run is stopped and marked truncated.
     max_open_files:   RLIMIT_NOFILE.
+    allow_unisolated: where kernel isolation cannot be set up, run tool calls with resource limits and a
+                      Python socket guard only (logged loudly, counted as tool/unisolated); by default
+                      such calls are refused (fail closed).
     """
 
     wall_time_s: float = 10.0
@@ -50,6 +60,7 @@ class SandboxLimits:
     tmpfs_bytes: int = 64 * _MiB
     max_output_bytes: int = 64 * 1024
     max_open_files: int = 64
+    allow_unisolated: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -95,26 +106,47 @@ class SandboxResult:
         return self.exit_code == 0 and not self.timed_out and not self.truncated and self.error is None
 
 
-_ISOLATION: str | None = None
+_ISOLATION: tuple[str, str] | None = None  # (mode, why kernel isolation is unavailable)
 
 
 def isolation_mode() -> str:
-    """'namespaces' when the kernel isolation works here (root and unshare allowed), else 'rlimits'."""
+    """'namespaces' when kernel isolation works here (root, unshare, pivot_root), else 'rlimits'."""
+    return _probe_isolation()[0]
+
+
+def isolation_problem() -> str:
+    """Why kernel isolation is unavailable ('' when it works): the real cause, as the probe saw it."""
+    return _probe_isolation()[1]
+
+
+def _probe_isolation() -> tuple[str, str]:
     global _ISOLATION
     if _ISOLATION is None:
-        _ISOLATION = "rlimits"
-        if hasattr(os, "geteuid") and os.geteuid() == 0 and sys.platform.startswith("linux"):
+        if not sys.platform.startswith("linux"):
+            _ISOLATION = ("rlimits", f"kernel isolation needs Linux, this is {sys.platform}")
+        elif not hasattr(os, "geteuid") or os.geteuid() != 0:
+            _ISOLATION = ("rlimits", "kernel isolation needs root (namespaces, mounts, a per-call uid)")
+        else:
             probe = _run("print('ok')", SandboxLimits(wall_time_s=20.0), "namespaces")
             if probe.exit_code == 0 and probe.stdout.strip() == "ok":
-                _ISOLATION = "namespaces"
-        if _ISOLATION == "rlimits":
-            warnings.warn(
-                "sandbox: kernel isolation unavailable (needs root and unshare); falling back to resource "
-                "limits and a Python socket guard, which do not stop writes outside the sandbox folder",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+                _ISOLATION = ("namespaces", "")
+            else:
+                cause = probe.error or (probe.stderr.strip().splitlines() or [f"exit status {probe.exit_code}"])[-1]
+                _ISOLATION = ("rlimits", f"the isolated probe failed: {cause[:300]}")
     return _ISOLATION
+
+
+def _not_run(isolation: str, error: str, wall_time_s: float = 0.0) -> SandboxResult:
+    """A call whose program never ran: the sandbox refused it or could not start."""
+    return SandboxResult("", "", None, None, False, False, (), wall_time_s, isolation, error=error)
+
+
+def _refused(why: str) -> SandboxResult:
+    return _not_run(
+        "refused",
+        f"kernel isolation is unavailable ({why}); the tool call was refused "
+        "(sandbox.allow_unisolated: true runs it with resource limits only)",
+    )
 
 
 def _scrubbed_env() -> dict[str, str]:
@@ -146,7 +178,28 @@ def _interpreter_dirs() -> list[str]:
 def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run `code` as a fresh Python program under `limits`; never raises on what the code does."""
     limits = limits or SandboxLimits()
-    return _run(code, limits, isolation_mode())
+    mode, why = _probe_isolation()
+    if mode != "namespaces":
+        if not limits.allow_unisolated:
+            return _refused(why)
+        _warn_unisolated(why)
+    return _run(code, limits, mode)
+
+
+_WARNED = False
+
+
+def _warn_unisolated(why: str) -> None:
+    global _WARNED
+    if not _WARNED:
+        _WARNED = True
+        warnings.warn(
+            f"sandbox: RUNNING TOOL CALLS WITHOUT KERNEL ISOLATION ({why}) because sandbox.allow_unisolated is "
+            "true: resource limits and a Python socket guard only; model code can read and write this "
+            "machine's files",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _run(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
@@ -185,24 +238,14 @@ def _run(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
     except OSError as e:
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-        return SandboxResult(
-            "",
-            "",
-            None,
-            None,
-            False,
-            False,
-            (),
-            time.monotonic() - start,
-            mode,
-            error=f"could not start the sandbox: {e}",
-        )
+        return _not_run(mode, f"could not start the sandbox: {e}", time.monotonic() - start)
     try:
         out, err, timed_out, truncated = _communicate(proc, code.encode("utf-8", "surrogatepass"), limits, start)
     finally:
         _stop(proc, mode)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+        _remove_cgroups(uid)
     rc = proc.returncode
     sig = None
     exit_code: int | None = rc
@@ -227,6 +270,21 @@ def _run(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
         isolation=mode,
         error=error,
     )
+
+
+def _remove_cgroups(uid: int) -> None:
+    """The launcher puts each call in cgroups named after its uid (v2, or v1 memory + pids); once every
+    process of the call is gone they are empty and are removed."""
+    name = f"rtpo-sandbox-{uid}"
+    for parent in ("/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids"):
+        path = os.path.join(parent, name)
+        if os.path.isdir(path):
+            for _ in range(50):  # the kernel may take a moment to release a just-emptied cgroup
+                try:
+                    os.rmdir(path)
+                    break
+                except OSError:
+                    time.sleep(0.01)
 
 
 def _communicate(proc: subprocess.Popen, code: bytes, limits: SandboxLimits, start: float):

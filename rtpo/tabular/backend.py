@@ -230,6 +230,7 @@ class TabularEvaluator:
         self.policy = policy
         self.v_star = solve(mdp).value
         self.v_star_psi = solve(mdp, mdp.psi, prefix_policy=uniform_policy(mdp)).value
+        self.v_uniform = evaluate(mdp, uniform_policy(mdp)).value
 
     def __call__(self, learner: TabularLearner) -> dict[str, float]:
         value = evaluate(self.mdp, self.policy.table(learner.weights())).value
@@ -237,5 +238,6 @@ class TabularEvaluator:
             "eval/value": value,
             "eval/v_star": self.v_star,
             "eval/v_star_psi": self.v_star_psi,
+            "eval/v_uniform": self.v_uniform,
             "eval/value_over_v_star": value / self.v_star if self.v_star != 0 else float("nan"),
         }

@@ -11,7 +11,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
-from rtpo.config import (
+from rtpo.core.methods import RunContext
+from rtpo.evaluation import EvalSplit, SampledEval
+from rtpo.schema import (
     BackendConfig,
     ConfigError,
     ScenarioConfig,
@@ -19,8 +21,6 @@ from rtpo.config import (
     registered_name,
     validate_dataclass,
 )
-from rtpo.core.methods import RunContext
-from rtpo.eval import EvalSplit, SampledEval
 from rtpo.tabular.backend import TabularEnv, TabularEvaluator, TabularLearner, TabularSampler
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import LogLinear, SoftmaxTable, TabularPolicy
@@ -36,9 +36,13 @@ class TabularTaskConfig(BaseModel):
     """`task: {kind, psi, policy, init_scale, **fields of the kind's Params dataclass}`."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, arbitrary_types_allowed=True)
-    kind: str = Field(description="registered tabular task: tool_chain | random")
+    kind: str = Field(description="registered tabular task: tool_chain | region_chain | random")
     psi: str = Field("identity", description="context map the policy sees: identity | last_feedback | modulo:<n>")
-    policy: Literal["softmax", "loglinear"] = Field("softmax", description="softmax table or log-linear policy")
+    policy: Literal["softmax", "loglinear", "shared"] = Field(
+        "softmax",
+        description="softmax table, log-linear (table + per-turn bias) or shared across turns "
+        "(features of (context, turn) only: one-hot(c, u) + one-hot(k, u))",
+    )
     init_scale: float = Field(0.0, ge=0, description="initial parameters ~ init_scale * N(0, 1)")
     params: Any = Field(description="the task kind's Params dataclass")
 
@@ -83,10 +87,24 @@ def loglinear_features(num_turns: int, num_contexts: int, num_actions: int) -> n
     return np.concatenate([table, bias], axis=-1)
 
 
+def shared_features(num_turns: int, num_contexts: int, num_actions: int) -> np.ndarray:
+    """φ(k, c, u) = [one-hot(c, u) | one-hot(k, u)]: no per-turn table — a context's action preference
+    is shared by every turn, plus a per-turn action bias.  Unlike the per-turn table (the flat methods'
+    best case: a flat rollout trains every turn's own row), a sample at one turn moves every turn."""
+    K, C, A = num_turns, num_contexts, num_actions
+    ctx = np.broadcast_to(np.eye(C * A).reshape(1, C, A, C * A), (K, C, A, C * A))
+    bias = np.broadcast_to(np.eye(K * A).reshape(K, 1, A, K * A), (K, C, A, K * A))
+    return np.concatenate([ctx, bias], axis=-1)
+
+
 def make_policy(task: TabularTaskConfig, mdp: TurnMDP) -> TabularPolicy:
     if task.policy == "softmax":
         return SoftmaxTable(mdp.num_turns, mdp.num_contexts, mdp.num_actions, init_scale=task.init_scale)
     size = mdp.num_turns * mdp.num_contexts * mdp.num_actions
+    if task.policy == "shared":
+        if size > 1 << 16:
+            raise ConfigError(f"task.policy: shared builds dense features; K*C*A = {size} > 65536")
+        return LogLinear(shared_features(mdp.num_turns, mdp.num_contexts, mdp.num_actions), task.init_scale)
     if size > 4096:
         raise ConfigError(f"task.policy: loglinear builds dense features; K*C*A = {size} > 4096")
     return LogLinear(loglinear_features(mdp.num_turns, mdp.num_contexts, mdp.num_actions), task.init_scale)
@@ -196,9 +214,30 @@ def memory_estimate(cfg) -> list[tuple[str, int]]:
     ]
 
 
+def task_schemas() -> list[dict]:
+    """One JSON Schema per tabular task kind: the section's own keys plus the kind's Params fields."""
+    from pydantic import TypeAdapter
+
+    own = TabularTaskConfig.model_json_schema()["properties"]
+    own.pop("params", None)
+    out = []
+    for kind in TASKS.names():
+        p = TypeAdapter(TASKS.get(kind).Params).json_schema()
+        p["properties"] = {**own, **p.get("properties", {}), "kind": {"const": kind}}
+        p["additionalProperties"] = False
+        p.pop("required", None)
+        out.append(p)
+    return out
+
+
 register_backend(
     "tabular",
     BackendSpec(
-        config=TabularBackendConfig, parse_task=parse_task, build=build, solve=solve_text, memory=memory_estimate
+        config=TabularBackendConfig,
+        parse_task=parse_task,
+        build=build,
+        solve=solve_text,
+        memory=memory_estimate,
+        task_schemas=task_schemas,
     ),
 )

@@ -72,48 +72,128 @@ def tool_chain(
     sharpness: float = 2.0,
     gamma: float = 1.0,
     max_tau: int = 1,
+    bernoulli: bool = True,
+    early_answer: bool = False,
 ) -> TurnMDP:
     """A sparse-reward tool-use chain: early turns must pick tools well; reward comes only at the end.
 
     State at boundary k: (p, ok) — p ∈ {0..k} tools used successfully so far, ok ∈ {0, 1} whether the
     previous tool call succeeded (the feedback the model just read).  At turn k < K−1 one tool
     (chosen by the seed, depending on k and p) is right: it advances p with probability p_advance;
-    any other tool does nothing.  The last turn answers: reward ~ Bernoulli(((p + [right]) / K)^sharpness),
-    so reward is binary, sparse and only at the end, and the value of an early tool depends on every
-    later turn.  States are numbered s = 2p + ok; ψ is the identity (decision-sufficient).
+    any other tool does nothing.  The last turn answers: reward ((p + [right]) / K)^sharpness, drawn
+    as a Bernoulli coin with that mean when `bernoulli` (binary, verifiable-looking but noisy) or paid
+    exactly when not (a deterministic reward), so the value of an early tool depends on every later
+    turn.  early_answer: at turns k < K−1 the last action (A−1) answers at once — the episode ends
+    with reward (p / K)^sharpness — so episodes can end before K (as math and search episodes do);
+    the right tool is then drawn from the other A−1.  States are numbered s = 2p + ok; ψ is the
+    identity (decision-sufficient).
+    """
+    return region_chain(
+        num_turns, num_actions, p_advance, seed, sharpness, gamma, max_tau, bernoulli, early_answer, w=0.0
+    )
+
+
+def region_chain(
+    num_turns: int = 6,
+    num_actions: int = 4,
+    p_advance: float = 0.8,
+    seed: int = 0,
+    sharpness: float = 2.0,
+    gamma: float = 1.0,
+    max_tau: int = 1,
+    bernoulli: bool = False,
+    early_answer: bool = False,
+    w: float = 0.8,
+    p_region: float = 0.5,
+) -> TurnMDP:
+    """The tool chain plus an exogenous upstream event that sets a share w of the reward.
+
+    After turn 0 (whatever tool was picked) the environment draws a region bit g ~ Bernoulli(p_region)
+    that the agent cannot influence; it stays fixed for the rest of the episode.  Every reward the
+    tool chain pays (the answer's, and an early answer's) becomes
+        (1 − w) · (tool-chain reward) + w · g,
+    so with w large the value of the state reached at turn k ≥ 1 explains most of Var(R): σ_V²(k) is
+    large (Theorem 2's regime where a sibling baseline, which shares g, removes what a group baseline
+    over whole trajectories, which redraws g, cannot).  With K = 1 there is no transition, so g is
+    drawn with the start state.  States at boundary k: s = g · 2(k+1) + 2p + ok, with one region
+    block at k = 0 (two for K = 1) and two afterwards; w = 0 is exactly tool_chain (one block).
     """
     if num_turns < 1 or num_actions < 2:
         raise ValueError("tool_chain needs num_turns >= 1 and num_actions >= 2")
+    if early_answer and num_actions < 3:
+        raise ValueError("early_answer needs num_actions >= 3 (a right tool, a wrong one and the answer)")
     if not 0.0 < p_advance <= 1.0:
         raise ValueError("p_advance must be in (0, 1]")
+    if not 0.0 <= w <= 1.0:
+        raise ValueError("w must be in [0, 1]")
+    if not 0.0 < p_region < 1.0:
+        raise ValueError("p_region must be in (0, 1)")
     rng = np.random.default_rng(seed)
     K, A = num_turns, num_actions
+    regions = w > 0.0
+
+    def blocks(k: int) -> int:
+        return 2 if regions and (k >= 1 or K == 1) else 1
+
+    ans = A - 1 if early_answer else -1
+    n_tools = A - 1 if early_answer else A
     succ, prob, reward, tau = [], [], [], []
     for k in range(K):
-        S = 2 * (k + 1)
-        right = rng.integers(A, size=k + 1)  # right tool for each progress level p
-        p_of = np.arange(S) // 2
+        per = 2 * (k + 1)
+        G = blocks(k)
+        S = G * per
+        right = rng.integers(n_tools, size=k + 1)  # right tool for each progress level p
+        g_of = np.arange(S) // per
+        p_of = (np.arange(S) % per) // 2
         is_right = np.arange(A)[None, :] == right[p_of][:, None]  # (S, A)
+        chain = lambda prog: (prog / K) ** sharpness  # noqa: E731
         if k < K - 1:
-            sk = np.zeros((S, A, 2), dtype=np.int64)
-            pk = np.zeros((S, A, 2))
-            # success: (p+1, ok=1); failure: (p, ok=0)
-            sk[..., 0] = 2 * (p_of[:, None] + 1) + 1
-            sk[..., 1] = 2 * p_of[:, None]
-            pk[..., 0] = np.where(is_right, p_advance, 0.0)
-            pk[..., 1] = 1.0 - pk[..., 0]
+            nxt_per = 2 * (k + 2)
+            split = blocks(k + 1) > G  # the region is drawn on this transition
+            Bk = 4 if split else 2
+            sk = np.zeros((S, A, Bk), dtype=np.int64)
+            pk = np.zeros((S, A, Bk))
+            adv = np.where(is_right, p_advance, 0.0)
+            # success: (p+1, ok=1); failure: (p, ok=0), within the region block
+            ok_s = 2 * (p_of[:, None] + 1) + 1
+            fail_s = 2 * p_of[:, None] + 0 * is_right
+            if split:
+                for g, pg in ((0, 1.0 - p_region), (1, p_region)):
+                    sk[..., 2 * g] = g * nxt_per + ok_s
+                    sk[..., 2 * g + 1] = g * nxt_per + fail_s
+                    pk[..., 2 * g] = pg * adv
+                    pk[..., 2 * g + 1] = pg * (1.0 - adv)
+            else:
+                sk[..., 0] = g_of[:, None] * nxt_per + ok_s
+                sk[..., 1] = g_of[:, None] * nxt_per + fail_s
+                pk[..., 0] = adv
+                pk[..., 1] = 1.0 - adv
             r = np.zeros((S, A))
+            if early_answer:
+                pk[:, ans] = 0.0  # answering ends the episode
+                if split:
+                    # the region is drawn on this transition: the expected region reward
+                    r[:, ans] = (1.0 - w) * chain(p_of) + w * p_region
+                else:
+                    r[:, ans] = (1.0 - w) * chain(p_of) + w * g_of
         else:
             sk = np.zeros((S, A, 1), dtype=np.int64)
             pk = np.zeros((S, A, 1))
-            r = ((p_of[:, None] + is_right) / K) ** sharpness
+            r = (1.0 - w) * chain(p_of[:, None] + is_right) + w * g_of[:, None]
         succ.append(sk)
         prob.append(pk)
         reward.append(r)
         tau.append(rng.integers(1, max_tau + 1, size=(S, A)))
-    init = np.array([1.0, 0.0])
-    psi = tuple(np.arange(2 * (k + 1)) for k in range(K))
-    return TurnMDP(tuple(succ), tuple(prob), tuple(reward), tuple(tau), psi, init, 2 * K, gamma, bernoulli_rewards=True)
+    init = np.zeros(2 * blocks(0))
+    if blocks(0) == 2:  # K = 1: the region comes with the start state
+        init[0], init[2] = 1.0 - p_region, p_region
+    else:
+        init[0] = 1.0
+    psi = tuple(np.arange(blocks(k) * 2 * (k + 1)) for k in range(K))
+    nc = max(p.size for p in psi)
+    return TurnMDP(
+        tuple(succ), tuple(prob), tuple(reward), tuple(tau), psi, init, nc, gamma, bernoulli_rewards=bernoulli
+    )
 
 
 def last_feedback_psi(mdp: TurnMDP) -> tuple[np.ndarray, ...]:

@@ -14,8 +14,8 @@ from typing import Literal
 from pydantic import Field
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
-from rtpo.config import BackendConfig, ScenarioConfig
-from rtpo.tabular.build import assemble, build_mdp, memory_estimate, parse_task, solve_text
+from rtpo.schema import BackendConfig, ScenarioConfig
+from rtpo.tabular.build import assemble, build_mdp, memory_estimate, parse_task, solve_text, task_schemas
 from rtpo.tabular.history import FullHistoryEnv, history_policy
 
 
@@ -36,5 +36,6 @@ register_backend(
         build=build,
         solve=solve_text,
         memory=memory_estimate,
+        task_schemas=task_schemas,
     ),
 )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+import scipy.sparse as sparse
 
 
 def _ro(a: np.ndarray, dtype) -> np.ndarray:
@@ -112,6 +113,23 @@ class TurnMDP:
         off = np.zeros(self.num_turns + 1, dtype=np.int64)
         np.cumsum(self.num_states, out=off[1:])
         return off
+
+    @cached_property
+    def transition_csr(self) -> tuple[sparse.csr_matrix, ...]:
+        """Per turn k < K−1, P_k as a CSR matrix of shape (S_k·A, S_{k+1}): row s·A + a holds the B_k
+        entries prob[k][s, a, :] at columns succ[k][s, a, :] (dead entries point at column 0 with
+        probability 0).  Built once; a matvec with it is E[V_{k+1}(s') | s, a] in one streaming pass
+        (Eq. 20) and its transpose pushes state mass forward."""
+        out = []
+        for k in range(self.num_turns - 1):
+            p = self.prob[k]
+            S, A, B = p.shape
+            n = self.num_states[k + 1]
+            idx_t = np.int32 if max(n, S * A * B) < 2**31 else np.int64
+            cols = np.where(p > 0, self.succ[k], 0).astype(idx_t).reshape(-1)
+            ptr = np.arange(0, S * A * B + 1, B, dtype=idx_t)
+            out.append(sparse.csr_matrix((p.reshape(-1), cols, ptr), shape=(S * A, n)))
+        return tuple(out)
 
     def with_psi(self, psi, num_contexts: int | None = None) -> TurnMDP:
         """The same MDP seen through another context map ψ (K arrays of (S_k,) context ids)."""

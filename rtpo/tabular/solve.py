@@ -22,11 +22,14 @@ _TIE = 1e-12
 
 def backup(mdp: TurnMDP, k: int, v_next: np.ndarray | None) -> np.ndarray:
     """Q̃_k(s, u) = r_k(s, u) + γ^{τ_k(s,u)} E[V_{k+1}(s') | s, u]  (Eq. 20), shape (S_k, A)."""
-    q = np.array(mdp.reward[k], dtype=np.float64)
-    if v_next is not None and k < mdp.num_turns - 1:
-        cont = np.einsum("sab,sab->sa", mdp.prob[k], v_next[mdp.succ[k]])
-        q += (mdp.gamma ** mdp.tau[k]) * cont if mdp.gamma != 1.0 else cont
-    return q
+    if v_next is None or k == mdp.num_turns - 1:
+        return np.array(mdp.reward[k], dtype=np.float64)
+    # one CSR matvec streams prob and succ once; no (S_k, A, B) gather temporary
+    cont = (mdp.transition_csr[k] @ np.asarray(v_next, dtype=np.float64)).reshape(mdp.reward[k].shape)
+    if mdp.gamma != 1.0:
+        cont *= mdp.gamma ** mdp.tau[k]
+    cont += mdp.reward[k]
+    return cont
 
 
 def state_policy(mdp: TurnMDP, pi: np.ndarray, k: int, psi: Sequence[np.ndarray] | None = None) -> np.ndarray:
@@ -80,10 +83,8 @@ def state_distribution(mdp: TurnMDP, pi: np.ndarray, psi: Sequence[np.ndarray] |
     """d_k(s) = P(S_k = s) under π (mass < 1 where episodes end early), forward in k."""
     d = [np.asarray(mdp.init, dtype=np.float64)]
     for k in range(mdp.num_turns - 1):
-        flow = d[k][:, None, None] * state_policy(mdp, pi, k, psi)[:, :, None] * mdp.prob[k]
-        nxt = np.zeros(mdp.num_states[k + 1])
-        np.add.at(nxt, mdp.succ[k].reshape(-1), flow.reshape(-1))
-        d.append(nxt)
+        flow = d[k][:, None] * state_policy(mdp, pi, k, psi)  # P(S_k = s, U_k = a)
+        d.append(mdp.transition_csr[k].T @ flow.reshape(-1))
     return tuple(d)
 
 
@@ -92,10 +93,17 @@ def uniform_policy(mdp: TurnMDP, num_contexts: int | None = None) -> np.ndarray:
     return np.full((mdp.num_turns, c, mdp.num_actions), 1.0 / mdp.num_actions)
 
 
-def _argmax_onehot(x: np.ndarray) -> np.ndarray:
-    """One-hot of the lowest index within _TIE of the row maximum."""
-    best = np.argmax(x >= x.max(axis=-1, keepdims=True) - _TIE, axis=-1)
-    return np.eye(x.shape[-1])[best]
+def _argmax(x: np.ndarray) -> np.ndarray:
+    """Per row, the lowest index within _TIE of the row maximum."""
+    # column by column: numpy's reductions over a short last axis are several times slower
+    m = x[:, 0].copy()
+    for a in range(1, x.shape[1]):
+        np.maximum(m, x[:, a], out=m)
+    m -= _TIE
+    best = np.full(x.shape[0], x.shape[1] - 1, dtype=np.int64)
+    for a in range(x.shape[1] - 2, -1, -1):
+        best[x[:, a] >= m] = a
+    return best
 
 
 def solve(mdp: TurnMDP, psi: Sequence[np.ndarray] | None = None, prefix_policy: np.ndarray | None = None) -> Solution:
@@ -128,16 +136,23 @@ def solve(mdp: TurnMDP, psi: Sequence[np.ndarray] | None = None, prefix_policy: 
     v_next = None
     for k in range(K - 1, -1, -1):
         q[k] = backup(mdp, k, v_next)
+        rows = np.arange(mdp.num_states[k])
         if weights is None:
-            policy[k, : mdp.num_states[k]] = _argmax_onehot(q[k])
+            best = _argmax(q[k])
+            policy[k, rows, 0] = 0.0
+            policy[k, rows, best] = 1.0
         else:
             w = weights[k] if weights[k].sum() > 0 else np.ones(mdp.num_states[k])
             pooled = np.zeros((C, A))
             np.add.at(pooled, psi_t[k], w[:, None] * q[k])
             seen = np.zeros(C, dtype=bool)
             seen[psi_t[k]] = True
-            policy[k, seen] = _argmax_onehot(pooled[seen])
-        v[k] = np.sum(policy[k][psi_t[k]] * q[k], axis=1)
+            ctx_best = np.zeros(C, dtype=np.int64)
+            ctx_best[seen] = _argmax(pooled[seen])
+            policy[k, seen, 0] = 0.0
+            policy[k, seen, ctx_best[seen]] = 1.0
+            best = ctx_best[psi_t[k]]
+        v[k] = q[k][rows, best]  # = Σ_u π_k(u | ψ_k(s)) Q̃_k(s, u) for the one-hot π_k
         v_next = v[k]
     f = tuple(v[k + 1] if k < K - 1 else np.zeros(0) for k in range(K))
     return Solution(tuple(q), tuple(v), f, float(mdp.init @ v[0]), policy=policy, psi=psi_t)

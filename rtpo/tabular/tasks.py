@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Generic, TypeVar
 
 from rtpo.core.registry import Registry
-from rtpo.tabular.generators import last_feedback_psi, modulo_psi, random_mdp, tool_chain
+from rtpo.tabular.generators import last_feedback_psi, modulo_psi, random_mdp, region_chain, tool_chain
 from rtpo.tabular.mdp import TurnMDP
 
 P = TypeVar("P")
@@ -43,6 +43,9 @@ class ToolChainParams:
     sharpness:   answer reward = (progress / K) ** sharpness.
     gamma:       per-token-step discount.
     max_tau:     token durations τ are drawn from 1..max_tau.
+    bernoulli:   reward ~ Bernoulli(mean) (true) or the mean paid exactly (false: a deterministic,
+                 verifiable reward).
+    early_answer: the last action answers at once at any turn, so episodes can end before K.
     """
 
     num_turns: int = 6
@@ -52,18 +55,58 @@ class ToolChainParams:
     sharpness: float = 2.0
     gamma: float = 1.0
     max_tau: int = 1
+    bernoulli: bool = True
+    early_answer: bool = False
 
     def __post_init__(self) -> None:
-        if not 1 <= self.num_turns <= 64:
-            raise ValueError(f"num_turns must be in [1, 64], got {self.num_turns}")
-        if self.num_actions < 2:
-            raise ValueError(f"num_actions must be >= 2, got {self.num_actions}")
-        if not 0.0 < self.p_advance <= 1.0:
-            raise ValueError(f"p_advance must be in (0, 1], got {self.p_advance}")
-        if not 0.0 < self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
-        if self.max_tau < 1:
-            raise ValueError(f"max_tau must be >= 1, got {self.max_tau}")
+        _check_chain(self)
+
+
+def _check_chain(self) -> None:
+    """Bounds shared by the chain families."""
+    if not 1 <= self.num_turns <= 64:
+        raise ValueError(f"num_turns must be in [1, 64], got {self.num_turns}")
+    if self.num_actions < 2:
+        raise ValueError(f"num_actions must be >= 2, got {self.num_actions}")
+    if not 0.0 < self.p_advance <= 1.0:
+        raise ValueError(f"p_advance must be in (0, 1], got {self.p_advance}")
+    if not 0.0 < self.gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+    if self.max_tau < 1:
+        raise ValueError(f"max_tau must be >= 1, got {self.max_tau}")
+    if self.early_answer and self.num_actions < 3:
+        raise ValueError(f"early_answer needs num_actions >= 3, got {self.num_actions}")
+
+
+@dataclass(frozen=True)
+class RegionChainParams:
+    """The tool chain plus an exogenous region bit (rtpo.tabular.generators.region_chain).
+
+    num_turns, num_actions, p_advance, seed, sharpness, gamma, max_tau, early_answer: as tool_chain.
+    bernoulli: reward ~ Bernoulli(mean) (true) or the mean paid exactly (false, the default here).
+    w:         share of the reward set by the region bit g drawn after turn 0, outside the agent's
+               control: reward = (1 − w) · tool-chain reward + w · g.
+    p_region:  P(g = 1).
+    """
+
+    num_turns: int = 6
+    num_actions: int = 4
+    p_advance: float = 0.8
+    seed: int = 0
+    sharpness: float = 2.0
+    gamma: float = 1.0
+    max_tau: int = 1
+    bernoulli: bool = False
+    early_answer: bool = False
+    w: float = 0.8
+    p_region: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check_chain(self)
+        if not 0.0 <= self.w <= 1.0:
+            raise ValueError(f"w must be in [0, 1], got {self.w}")
+        if not 0.0 < self.p_region < 1.0:
+            raise ValueError(f"p_region must be in (0, 1), got {self.p_region}")
 
 
 @dataclass(frozen=True)
@@ -111,6 +154,14 @@ TASKS.register("tool_chain")(
         ToolChainParams,
         lambda p: tool_chain(**asdict(p)),
         lambda p: (p.num_turns, 2 * (p.num_turns + 1), p.num_actions, 2),
+    )
+)
+# region_chain: the tool chain's states in up to two region blocks (g = 0, 1), 4 successors at most
+TASKS.register("region_chain")(
+    TaskKind(
+        RegionChainParams,
+        lambda p: region_chain(**asdict(p)),
+        lambda p: (p.num_turns, 4 * (p.num_turns + 1), p.num_actions, 4),
     )
 )
 TASKS.register("random")(

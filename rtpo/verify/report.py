@@ -14,7 +14,7 @@ from rtpo.verify import exact
 
 
 def _t1() -> dict[str, str]:
-    from rtpo.verify import test_t1_recursive_optimality as t1
+    from rtpo.verify import claims as t1
 
     mdp = random_mdp(21, num_turns=3, num_states=3, num_actions=3, terminal_reward_only=True)
     sol = solve(mdp)
@@ -43,7 +43,7 @@ def _t1() -> dict[str, str]:
 
 
 def _t2() -> dict[str, str]:
-    from rtpo.verify.test_t2_sibling_baseline import counterexample_t2b, mse_comparison
+    from rtpo.verify.claims import counterexample_t2b, mse_comparison
 
     mdp = random_mdp(5, num_turns=2, num_states=3, num_actions=3, terminal_reward_only=True)
     pi = uniform_policy(mdp)
@@ -79,10 +79,10 @@ def _t2() -> dict[str, str]:
 
 
 def _t2c() -> str:
-    from rtpo.verify.test_t2c_gradient_support import test_T2c_llm_gradient_only_on_turn_k_tokens_eq80
+    from rtpo.verify.claims import check_t2c_llm_gradient_support
 
     try:
-        test_T2c_llm_gradient_only_on_turn_k_tokens_eq80()
+        check_t2c_llm_gradient_support()
         return "∂loss/∂logits: exactly 0 on prefix and continuation positions, > 0 on every turn-k token"
     except AssertionError as err:
         return f"violated: {err}"
@@ -115,7 +115,7 @@ def _t3() -> dict[str, str]:
 
 
 def _is() -> dict[str, str]:
-    from rtpo.verify.test_is_weights import iid_weight_variance
+    from rtpo.verify.claims import iid_weight_variance
 
     new, old = np.array([0.5, 0.3, 0.2]), np.array([0.3, 0.3, 0.4])
     chi2 = float(np.sum(new**2 / old) - 1)
@@ -131,13 +131,13 @@ def _is() -> dict[str, str]:
 
 
 def _mm1() -> str:
+    from rtpo.verify.claims import exact_rows, shared_setting
     from rtpo.verify.harness import make_context, make_rtpo, run_iteration
-    from rtpo.verify.test_mismatch import _exact_rows, shared_setting
 
     mdp, policy, theta, full_ids = shared_setting()
     mean_rho, mean_log = [], []
     for k in range(mdp.num_turns):
-        w, _, _, p_roll, p_full = _exact_rows(mdp, policy, theta, full_ids, k)
+        w, _, _, p_roll, p_full = exact_rows(mdp, policy, theta, full_ids, k)
         mean_rho.append(float(w @ np.sum(p_full, 1)))
         mean_log.append(float(w @ np.sum(p_roll * np.log(p_full / p_roll), 1)))
     ctx = make_context(mdp, policy=policy, params=theta, lr=0.2, seed=1)

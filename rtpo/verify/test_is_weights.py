@@ -3,8 +3,6 @@ Eq. 4, 14–16, 100–103, 105."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 import torch
@@ -14,25 +12,8 @@ from hypothesis import strategies as st
 from rtpo.core import estimators
 from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
 from rtpo.core.types import Ragged, TurnBatch
+from rtpo.verify.claims import all_sequences, iid_weight_variance, sequence_weight  # noqa: F401 - shared with report.py
 from rtpo.verify.strategies import categorical_pairs, clip_ranges, seeds, token_log_ratios
-
-
-def _all_sequences(vocab: int, n: int) -> np.ndarray:
-    return np.array(list(itertools.product(range(vocab), repeat=n)), dtype=np.int64).reshape(-1, n)
-
-
-def _weight(logp_new: np.ndarray, logp_old: np.ndarray) -> np.ndarray:
-    """ω through the core's trajectory weight with the clamp switched off ([0, ∞))."""
-    return estimators.clamped_trajectory_weight(logp_new, logp_old, 0.0, np.inf)
-
-
-def iid_weight_variance(new: np.ndarray, old: np.ndarray, n: int) -> tuple[float, float]:
-    """Exact E[ω] and Var(ω) over all V^n continuations drawn i.i.d. from `old`."""
-    seqs = _all_sequences(new.size, n)
-    p = np.prod(old[seqs], axis=1)
-    w = _weight(np.log(new)[seqs], np.log(old)[seqs])
-    m = float(p @ w)
-    return m, float(p @ (w - m) ** 2)
 
 
 @settings(max_examples=25)
@@ -58,10 +39,10 @@ def test_IS1_autoregressive_growth_bounds_eq101(vocab, n, seed):
     new = np.maximum(rng.dirichlet(np.ones(vocab), size=vocab + 1), 0.02)
     old, new = old / old.sum(1, keepdims=True), new / new.sum(1, keepdims=True)
     chi2 = np.sum(new**2 / old, axis=1) - 1.0
-    seqs = _all_sequences(vocab, n)
+    seqs = all_sequences(vocab, n)
     prev = np.concatenate([np.full((seqs.shape[0], 1), vocab), seqs[:, :-1]], axis=1)
     p = np.prod(old[prev, seqs], axis=1)
-    w = _weight(np.log(new[prev, seqs]), np.log(old[prev, seqs]))
+    w = sequence_weight(np.log(new[prev, seqs]), np.log(old[prev, seqs]))
     second = float(p @ w**2)
     assert float(p @ w) == pytest.approx(1.0, abs=1e-12)
     assert (1 + chi2.min()) ** n * (1 - 1e-12) <= second <= (1 + chi2.max()) ** n * (1 + 1e-12)

@@ -12,21 +12,9 @@ import torch
 
 from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
 from rtpo.core.types import Ragged, TurnBatch
-from rtpo.tabular import LogLinear, TurnMDP, evaluate, last_feedback_psi, state_distribution, tool_chain
+from rtpo.tabular import evaluate
+from rtpo.verify.claims import exact_rows, shared_setting  # noqa: F401 - shared with report.py
 from rtpo.verify.harness import make_context, make_rtpo, run_iteration
-
-
-def shared_setting(seed: int = 0) -> tuple[TurnMDP, LogLinear, np.ndarray, np.ndarray]:
-    """(MDP seen through the truncating ψ, shared-θ LogLinear policy, θ, full-context id of every state)."""
-    base = tool_chain(num_turns=3, num_actions=3, seed=seed)
-    n_full = max(base.num_states)
-    trunc = tuple(n_full + p for p in last_feedback_psi(base))  # truncated contexts after the full ones
-    mdp = base.with_psi(trunc, num_contexts=n_full + 2)
-    rng = np.random.default_rng(seed + 100)
-    features = rng.standard_normal((mdp.num_turns, n_full + 2, mdp.num_actions, 5))
-    policy = LogLinear(features)
-    theta = rng.standard_normal(5)
-    return mdp, policy, theta, np.arange(n_full)
 
 
 def test_MM1_rtpo_ratio_exactly_one_eq5():
@@ -45,17 +33,6 @@ def test_MM1_rtpo_ratio_exactly_one_eq5():
         assert m["consistency/abs_log_ratio"] == 0.0
 
 
-def _exact_rows(mdp, policy, theta, full_ids, k):
-    """Every (state, action) of turn k reachable under the rollout policy, with its rollout probability."""
-    pi = policy.table(theta)
-    d = state_distribution(mdp, pi)[k]
-    states = np.flatnonzero(d > 0)
-    trunc_ctx = mdp.psi[k][states]
-    p_roll = pi[k][trunc_ctx]  # (n, A) π_old(· | ψ(S_k))
-    p_full = pi[k][full_ids[states]]  # (n, A) π_old(· | S_k) under the same θ
-    return d[states] / d[states].sum(), states, trunc_ctx, p_roll, p_full
-
-
 def test_MM1_flat_ratio_mismatch_exact_eq2_10():
     """MM1, Eq. 2 / 10, exact over the rollout distribution at θ = θ_old, stated exactly:
     * per token ρ_flat = π(a | S_k)/π_old(a | ψ(S_k)) ≠ 1 (with positive probability);
@@ -68,7 +45,7 @@ def test_MM1_flat_ratio_mismatch_exact_eq2_10():
     mdp, policy, theta, full_ids = shared_setting()
     eps = 0.2
     for k in range(mdp.num_turns):
-        w, states, _, p_roll, p_full = _exact_rows(mdp, policy, theta, full_ids, k)
+        w, states, _, p_roll, p_full = exact_rows(mdp, policy, theta, full_ids, k)
         rho = p_full / p_roll
         mean_rho = np.sum(p_roll * rho, axis=1)
         np.testing.assert_allclose(mean_rho, 1.0, rtol=0, atol=1e-12)
@@ -92,7 +69,7 @@ def test_MM1_flat_gradient_biased_rtpo_exact_eq10():
     ev = evaluate(mdp, pi)
     cfg = LossConfig(clip_eps=0.2, log_ratio_clip=None)
     k = 1
-    w, states, trunc_ctx, p_roll, p_full = _exact_rows(mdp, policy, theta, full_ids, k)
+    w, states, trunc_ctx, p_roll, p_full = exact_rows(mdp, policy, theta, full_ids, k)
     n, A = p_roll.shape
     adv = ev.q[k][states] - ev.v[k][states][:, None]  # exact A^π(S_k, a)
     rows_w = (w[:, None] * p_roll).reshape(-1) * (n * A)  # the loss averages over rows: weights give the expectation

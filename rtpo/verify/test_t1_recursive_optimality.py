@@ -8,11 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rtpo.core.types import Generation, Ragged
 from rtpo.tabular import (
-    SoftmaxTable,
-    TabularEnv,
-    TabularSampler,
     TurnMDP,
     evaluate,
     last_feedback_psi,
@@ -21,6 +17,7 @@ from rtpo.tabular import (
     tool_chain,
 )
 from rtpo.verify import exact
+from rtpo.verify.claims import robbins_monro_turn, trap_mdp  # noqa: F401 - shared with report.py
 from rtpo.verify.harness import make_context, make_rtpo, run_iteration
 from rtpo.verify.strategies import small_mdps
 
@@ -38,42 +35,6 @@ def test_T1a_target_mean_is_q_star_eq23(mdp, data):
         for u in range(mdp.num_actions):
             law = exact.state_return_distribution(mdp, sol.policy, k, s, u)
             assert float(law[1] @ law[0]) == pytest.approx(sol.q[k][s, u], abs=1e-12)
-
-
-def robbins_monro_turn(mdp: TurnMDP, k: int, pi_star: np.ndarray, blocks: int, block: int, seed: int):
-    """Tabular Robbins–Monro at turn k (Eq. 24) with downstream turns frozen at π*, driven by the real
-    environment and sampler: exploring starts (every state of turn k, `block` times per block),
-    GLIE ε_n = n^{-1/4}-greedy actions (ε from the state's visit count at the block's start; Σε = ∞,
-    ε → 0), step sizes α_n = 1/n(s, u).  Returns (Q, visit counts)."""
-    rng = np.random.default_rng(seed)
-    env = TabularEnv(mdp)
-    logits = np.where(pi_star > 0, 0.0, -1e9)  # π* as a (numerically) deterministic softmax table
-    sampler = TabularSampler(SoftmaxTable(mdp.num_turns, mdp.num_contexts, mdp.num_actions), logits)
-    S, A = mdp.num_states[k], mdp.num_actions
-    Q, n = np.zeros((S, A)), np.zeros((S, A), dtype=np.int64)
-    states = np.repeat(np.arange(S), block)
-    for b in range(blocks):
-        eps = np.maximum(b * block, 1) ** -0.25
-        explore = rng.random(states.size) < eps
-        u = np.where(explore, rng.integers(A, size=states.size), np.argmax(Q[states], axis=1))
-        ep = env.restore([np.array([k, mdp.state_offset[k] + s]) for s in states])
-        gen = Generation(Ragged.from_dense(u[:, None]), Ragged.from_dense(np.zeros((states.size, 1))))
-        ep, out = env.step(ep, gen, rng)
-        y = np.asarray(out.reward, np.float64).copy()
-        live = np.flatnonzero(~np.asarray(out.done))
-        disc = mdp.gamma ** np.asarray(out.duration, np.float64)
-        ep = env.take(ep, live)
-        while live.size:  # continue under the frozen π* with the real sampler and environment
-            gen = sampler.generate(env.contexts(ep), env.turn_index(ep), 1, rng)
-            ep, out = env.step(ep, gen, rng)
-            y[live] += disc[live] * np.asarray(out.reward, np.float64)
-            disc[live] *= mdp.gamma ** np.asarray(out.duration, np.float64)
-            keep = np.flatnonzero(~np.asarray(out.done))
-            ep, live = env.take(ep, keep), live[keep]
-        for s, a, target in zip(states, u, y):
-            n[s, a] += 1
-            Q[s, a] += (target - Q[s, a]) / n[s, a]  # α_n = 1/n: Q is the running mean of the targets
-    return Q, n
 
 
 def test_T1a_robbins_monro_glie_converges_eq24_38():
@@ -105,18 +66,6 @@ def test_T1a_robbins_monro_glie_converges_eq24_38():
 
 
 # -- T1b ---------------------------------------------------------------------------------------------
-
-
-def trap_mdp() -> TurnMDP:
-    """Two turns, two actions.  Turn 0: action 0 → state 0 ("hard": turn-1 action 0 pays 1, action 1 pays 0),
-    action 1 → state 1 ("safe": 0.7 or 0.65).  π* = (0; 0, 0), V* = 1.  Against the *untrained* (uniform)
-    turn-1 policy action 0 is worth 0.5 < 0.675, so training turn 0 before turn 1 locks in the wrong turn-0
-    action: the minimal MDP separating reverse from forward order."""
-    P = np.zeros((2, 2, 2, 2))
-    P[0, 0, 0, 0] = 1.0
-    P[0, 0, 1, 1] = 1.0
-    R = np.array([[[0.0, 0.0], [0.0, 0.0]], [[1.0, 0.0], [0.7, 0.65]]])
-    return TurnMDP.from_arrays(P, R, np.array([1.0, 0.0]))
 
 
 def test_T1b_one_reverse_sweep_is_backward_induction_eq25():

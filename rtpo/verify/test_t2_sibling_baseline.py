@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rtpo.core import estimators
-from rtpo.tabular import TurnMDP, evaluate, state_distribution, tool_chain, uniform_policy
+from rtpo.tabular import TurnMDP, evaluate, tool_chain, uniform_policy
 from rtpo.verify import exact
+from rtpo.verify.claims import counterexample_t2b, mse_comparison  # noqa: F401 - shared with report.py
 from rtpo.verify.harness import make_context, make_rtpo, run_iteration, spy_phases
 from rtpo.verify.strategies import group_sizes, mdp_and_policy
 
@@ -62,33 +63,6 @@ def test_T2a_trajectory_estimator_eq57(mp, G, data):
             assert mean == pytest.approx(expected, abs=1e-9), (k, s, u)
 
 
-def mse_comparison(mdp: TurnMDP, pi: np.ndarray, k: int, G: int) -> dict[str, float]:
-    """Exact marginal MSEs of both estimators against A^π(S_k, u), (S_k, u) ~ d_k × π_k, and the
-    moments of the closed form: σ_V² = Var_{S_k} V(S_k), E[σ_Q²] = E Var(R | S_k, u), E[A²]."""
-    ev = evaluate(mdp, pi)
-    d = state_distribution(mdp, pi)[k]
-    d = d / d.sum()
-    full = exact.initial_return_distribution(mdp, pi)
-    mu = float(full[1] @ full[0])
-    sib, traj = estimators.get("sibling_mean"), estimators.get("group_mean")
-    out = dict(mse_sibling=0.0, mse_traj=0.0, sigma_v2=float(d @ (ev.v[k] - mu) ** 2), e_sigma_q2=0.0, e_a2=0.0)
-    for s in np.flatnonzero(d > 0):
-        others = exact.state_return_distribution(mdp, pi, k, s)
-        for u in range(mdp.num_actions):
-            w = d[s] * pi[k][mdp.psi[k][s], u]
-            if w == 0:
-                continue
-            own = exact.state_return_distribution(mdp, pi, k, s, u)
-            a_pi = ev.q[k][s, u] - ev.v[k][s]
-            out["mse_sibling"] += w * exact.group_expectation(sib, own, others, G - 2, a_pi)[1]
-            out["mse_traj"] += w * exact.group_expectation(traj, own, full, G - 1, a_pi)[1]
-            out["e_sigma_q2"] += w * exact.mean_var(own)[1]
-            out["e_a2"] += w * a_pi**2
-    out["gap"] = out["mse_traj"] - out["mse_sibling"]
-    out["gap_closed_form"] = (G - 1) / G * out["sigma_v2"] + (out["e_sigma_q2"] - out["e_a2"]) / (G * (G - 1))
-    return out
-
-
 @settings(max_examples=12)
 @given(mdp_and_policy(max_turns=2), st.integers(3, 5), st.data())
 def test_T2b_exact_mse_gap_eq76(mp, G, data):
@@ -104,14 +78,6 @@ def test_T2b_exact_mse_gap_eq76(mp, G, data):
     k = data.draw(st.integers(0, mdp.num_turns - 1), label="k")
     r = mse_comparison(mdp, pi, k, G)
     assert r["gap"] == pytest.approx(r["gap_closed_form"], abs=1e-9)
-
-
-def counterexample_t2b() -> TurnMDP:
-    """One turn, two equally likely states, two actions, deterministic rewards: σ_V² > 0 but small,
-    E[A²] large, no downstream noise.  The minimal MDP where the trajectory estimator wins."""
-    P = np.zeros((1, 2, 2, 2))
-    R = np.array([[[1.0, 0.0], [1.0, 0.1]]])
-    return TurnMDP.from_arrays(P, R, np.array([0.5, 0.5]))
 
 
 def test_T2b_strict_win_needs_more_than_sigma_v_eq76():

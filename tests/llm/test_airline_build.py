@@ -58,3 +58,13 @@ def test_bad_task_fields_are_config_errors():
         from rtpo.llm.build import load_task
 
         load_task(load_scenario(TINY, ["task.split=validation"]).task, "train")
+
+
+def test_llm_user_and_judge_need_a_model():
+    from rtpo.llm.airline.build import make_judge, make_user
+
+    with pytest.raises(ConfigError, match="task.user_model"):
+        make_user(load_scenario(TINY, ["task.user=llm"]).task, None, None)
+    with pytest.raises(ConfigError, match="task.judge_model"):
+        make_judge(load_scenario(TINY, ["task.judge=llm"]).task, None, None)
+    assert make_judge(load_scenario(TINY).task, None, None) is None

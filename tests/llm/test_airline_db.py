@@ -137,10 +137,10 @@ def test_cancel_refunds_every_payment():
     [
         ("no_such_tool", {}, "unknown tool"),
         ("get_user_details", {"user_id": "nobody_0000"}, "User nobody_0000 not found"),
-        ("get_user_details", {"user_id": 7}, "must be of type string"),
-        ("get_user_details", {}, "missing 'user_id'"),
-        ("get_user_details", {"user_id": "mia_li_3668", "x": 1}, "unknown field 'x'"),
-        ("get_user_details", "mia_li_3668", "must be of type object"),
+        ("get_user_details", {"user_id": 7}, "is not of type 'string'"),
+        ("get_user_details", {}, "'user_id' is a required property"),
+        ("get_user_details", {"user_id": "mia_li_3668", "x": 1}, "('x' was unexpected)"),
+        ("get_user_details", "mia_li_3668", "must be a JSON object"),
         ("get_reservation_details", {"reservation_id": "ZZZZZZ"}, "Reservation ZZZZZZ not found"),
         ("get_flight_status", {"flight_number": "HAT001", "date": "2030-01-01"}, "not found on date"),
         ("search_direct_flight", {"origin": "JFK", "destination": "LAX", "date": "soon"}, "YYYY-MM-DD"),
@@ -310,6 +310,10 @@ def _changed_digest(db: AirlineDB) -> str:
 @settings(max_examples=100)
 @given(prefix=st.lists(_CALLS, max_size=4), a=st.lists(_CALLS, max_size=6), b=st.lists(_CALLS, max_size=6))
 def test_snapshot_restore_and_siblings_are_isolated(prefix, a, b):
+    _check_isolation(prefix, a, b)
+
+
+def _check_isolation(prefix, a, b):
     boundary = replay(FRESH, prefix)
     snap = boundary  # the snapshot: the value itself
     snap_digest, snap_changes = _changed_digest(snap), copy.deepcopy(dict(snap.changes))
@@ -323,7 +327,6 @@ def test_snapshot_restore_and_siblings_are_isolated(prefix, a, b):
     assert _changed_digest(sib_a) == a_digest
     assert sib_a.same_as(replay(replay(FRESH, prefix), a))
     assert sib_b.same_as(replay(replay(FRESH, prefix), b))
-    assert _digest(DATA.db["users"][_USERS[0]]) == _digest(DATA.db["users"][_USERS[0]])
 
 
 def test_hypothesis_finishes_by_checking_the_base():
@@ -339,3 +342,34 @@ def test_pickled_db_ships_changes_not_the_base():
     assert len(blob) < 10_000
     back = pickle.loads(blob)
     assert back.base is FRESH.base and back.same_as(db) and not back.same_as(FRESH)
+
+
+# ---------------------------------------------------------------- mutants: the claim tests can fail
+
+
+def test_mutant_copy_on_write_without_the_copy_is_caught(monkeypatch):
+    """A transaction that writes the shared record in place (no copy on write) breaks the isolation check."""
+    from rtpo.llm.airline import db as dbmod
+
+    def mutable(self, table, key):
+        rec = self.writes.get((table, key))
+        if rec is None:
+            rec = self.writes[(table, key)] = self.db.get(table, key)  # the mutant: no deepcopy
+        return rec
+
+    snapshot_of_base = copy.deepcopy(DATA.db["users"]["mia_li_3668"])
+    monkeypatch.setattr(dbmod.Transaction, "mutable", mutable)
+    try:
+        cert = ("send_certificate", {"user_id": "mia_li_3668", "amount": 5})
+        with pytest.raises(AssertionError):
+            _check_isolation([cert], [cert], [cert])
+    finally:
+        DATA.db["users"]["mia_li_3668"] = snapshot_of_base  # undo the mutant's damage to the shared base
+
+
+def test_mutant_reward_without_communicate_is_caught(monkeypatch):
+    from rtpo.llm.airline import reward as rmod
+
+    monkeypatch.setattr(rmod, "communicate_reward", lambda task, messages: 1.0)
+    with pytest.raises(AssertionError):
+        test_do_nothing_scores_exactly_taus_rules()

@@ -126,7 +126,7 @@ def test_bad_output_is_feedback_and_a_metric(env):
     eps, out = env.step(env.reset(np.zeros(len(texts), np.int64), rng), _gen(env, texts), rng)
     assert not out.done.any()
     assert "unknown tool" in out.feedback[0] and "not valid JSON" in out.feedback[1]
-    assert "must be of type string" in out.feedback[2] and "not found" in out.feedback[3]
+    assert "is not of type 'string'" in out.feedback[2] and "not found" in out.feedback[3]
     assert out.malformed.tolist() == [True, True, False, False, True]
     m = env.pop_metrics()
     assert m["tool/errors"] == 3 and m["tool/unknown"] == 1 and m["tool/parse_errors"] == 1
@@ -165,3 +165,126 @@ def test_scripted_user_answers_identity_confirmation_and_ends():
 
 def test_empty_reply_text_is_replaced():
     assert EMPTY_USER_REPLY
+
+
+def test_llm_user_on_a_real_engine_plays_without_crashing(tiny_model_dir):
+    """The llm simulator on the HF engine of a tiny random model: garbage text, but a run goes on; its
+    prompt carries the scenario; a reply of no tokens becomes the fixed line."""
+    from rtpo.llm.airline.user import LLMUser
+    from rtpo.llm.engines import HFEngine, SamplingConfig
+
+    tok = load_qwen3_tokenizer(str(tiny_model_dir))
+    engine = HFEngine(tiny_model_dir, SamplingConfig(temperature=1.0, max_tokens=6))
+    user = LLMUser(engine, tok, max_replies=2)
+    state, opening = user.start(ALL[0])
+    assert "emma_kim_9957" in opening and "EHGLP3" in state[0][1]
+    env = AirlineEnv(DATA, ALL, tok, user, num_turns=4, enable_thinking=False, include_policy=False)
+    rng = np.random.default_rng(0)
+    eps, rewards = _play(env, [0, 1], [["May I have your user id?"], ["Anything else?"]], rng)
+    m = env.pop_metrics()
+    assert m["user/replies"] >= 2 and not np.isnan(rewards).any()
+    assert all(len(e.user_state) >= 3 for e in eps)  # system, opening, the agent's message, the user's reply
+
+    class Mute:
+        def generate(self, contexts, turn, n, rng):
+            empty = Ragged.from_rows([np.zeros(0, np.int64)] * len(contexts), dtype=np.int64)
+            return Generation(empty, Ragged(np.zeros(0), empty.offsets))
+
+    env = AirlineEnv(DATA, ALL, tok, LLMUser(Mute(), tok), num_turns=2, enable_thinking=False, include_policy=False)
+    _play(env, [0], [["Hello?"]], rng)
+    assert env.pop_metrics()["user/empty"] == 2
+
+
+class _ScriptedSampler:
+    """A policy that writes fixed responses by turn (beside the real engine tests): turn k -> texts[k]."""
+
+    def __init__(self, env, texts):
+        self.env, self.texts = env, texts
+
+    def generate(self, contexts, turn, n, rng):
+        rows = [t for t in np.repeat(np.asarray(turn), n)]
+        return _gen(self.env, [self.texts[min(int(k), len(self.texts) - 1)] for k in rows])
+
+    def load_weights(self, weights):
+        pass
+
+
+def test_core_rollout_boundaries_hold_the_database_of_their_turn(env):
+    """Through the core driver: the boundary before turn 1 holds turn 0's write, the one before turn 0
+    none; siblings forked from boundary 1 start from its recorded context."""
+    from rtpo.core.rollout import rollout
+
+    q = next(i for i, t in enumerate(ALL) if t.id == "1")
+    texts = [_call("cancel_reservation", {"reservation_id": "4WQ150"}), "Anything else?"]
+    rng = np.random.default_rng(0)
+    sampler = _ScriptedSampler(env, texts)
+    res = rollout(env, sampler, env.reset(np.array([q]), rng), np.array([q]), rng, record_boundaries=True)
+    (b0, b1) = res.boundaries[0]
+    assert b0.snapshot.db.same_as(env.fresh)
+    assert b1.snapshot.db.get("reservations", "4WQ150")["status"] == "cancelled"
+    assert res.trajectories[0].num_turns == 2
+    sibs = rollout(env, sampler, env.restore([b1.snapshot]), np.array([q]), rng, n=2)
+    assert len(sibs.trajectories) == 2
+    assert np.array_equal(sibs.trajectories[0].contexts[0], b1.context)
+
+
+def test_too_many_tool_errors_end_the_episode_scored_zero():
+    env = AirlineEnv(
+        DATA, ALL, load_qwen3_tokenizer(), ScriptedUser(), num_turns=10, enable_thinking=False, max_errors=3
+    )
+    task = next(i for i, t in enumerate(ALL) if t.id == "10")  # do-nothing would score 1 here
+    bad = _call("get_user_details", {"user_id": "nobody_0000"})
+    eps, rewards = _play(env, [task], [[bad]], np.random.default_rng(0))
+    assert rewards.tolist() == [0.0] and eps[0].k == 3 and eps[0].tool_errors == 3
+    assert env.pop_metrics()["end/too_many_errors"] == 1
+
+
+class _Says:
+    """An engine that answers every prompt with fixed texts, in order (beside the real-engine judge test)."""
+
+    def __init__(self, tok, texts):
+        self.tok, self.texts = tok, texts
+
+    def generate(self, contexts, turn, n, rng):
+        rows = [np.asarray(self.tok.encode(self.texts[i % len(self.texts)]), np.int64) for i in range(len(contexts))]
+        tokens = Ragged.from_rows(rows, dtype=np.int64)
+        return Generation(tokens, Ragged(np.zeros(tokens.values.size), tokens.offsets))
+
+
+def test_nl_assertion_judge_is_reported_separately_and_off_by_default(tiny_model_dir):
+    from rtpo.llm.airline.reward import LLMJudge
+    from rtpo.llm.engines import HFEngine, SamplingConfig
+
+    tok = load_qwen3_tokenizer()
+    task = DATA.tasks["0"]  # one assertion: the agent should refuse the cancellation
+    assert LLMJudge(_Says(tok, ["Yes."]), tok)(task, ["I cannot cancel it."]) == 1.0
+    assert LLMJudge(_Says(tok, ["<think>\nhm\n</think>\n\nno"]), tok)(task, ["Done, cancelled."]) == 0.0
+    judge = LLMJudge(_Says(tok, ["yes"]), tok)
+    env = AirlineEnv(DATA, ALL, tok, ScriptedUser(), num_turns=4, enable_thinking=False, judge=judge)
+    q = next(i for i, t in enumerate(ALL) if t.id == "0")
+    _, rewards = _play(env, [q], [["Anything else?"]], np.random.default_rng(0))
+    m = env.pop_metrics()
+    assert m["reward/nl_assertion"] == 1.0 and m["reward/nl_assertion_n"] == 1 and rewards.tolist() == [1.0]
+    off = AirlineEnv(DATA, ALL, tok, ScriptedUser(), num_turns=4, enable_thinking=False)
+    _play(off, [q], [["Anything else?"]], np.random.default_rng(0))
+    assert "reward/nl_assertion" not in off.pop_metrics()
+    # a real (tiny, random) engine as the judge: some verdict, never a crash
+    tiny = load_qwen3_tokenizer(str(tiny_model_dir))
+    real = LLMJudge(HFEngine(tiny_model_dir, SamplingConfig(temperature=1.0, max_tokens=4)), tiny)
+    assert real(task, ["I cannot cancel it."]) in (0.0, 1.0)
+
+
+def test_an_episode_pickles_with_its_changes_not_the_database(env):
+    """What a Ray chunk ships: the episode's blocks, user state and change map; the receiver re-attaches
+    its own cached base (the same object in this process)."""
+    import pickle
+
+    rng = np.random.default_rng(0)
+    (e,), _ = env.step(
+        env.reset(np.array([0]), rng), _gen(env, [_call("cancel_reservation", {"reservation_id": "4WQ150"})]), rng
+    )
+    blob = pickle.dumps(e)
+    back = pickle.loads(blob)
+    assert len(blob) < 200_000  # the pickled database alone is 1.75 MB
+    assert back.db.base is env.fresh.base and back.db.same_as(e.db) and not back.db.same_as(env.fresh)
+    assert np.array_equal(env.contexts([back]).values, env.contexts([e]).values)

@@ -112,3 +112,15 @@ def test_engine_skips_only_the_weights_it_holds(tiny_model_dir, vllm_session_eng
         assert engine.reloads == before + 3
     finally:
         engine.load_weights(original)
+
+
+def test_tied_weights_are_stored_once(tiny_model_dir):
+    """The tied embedding and lm_head are one tensor in the weight snapshot and in the learner's state
+    dict (one copy of the largest matrix, not two), and that copy does not move with training."""
+    learner = FSDPLearner(tiny_model_dir, CFG)
+    assert learner.model.config.tie_word_embeddings
+    for sd in (learner.weights(), learner.state_dict()["model"]):
+        emb, head = sd["model.embed_tokens.weight"], sd["lm_head.weight"]
+        assert emb.data_ptr() == head.data_ptr()
+        live = dict(learner.model.named_parameters())["model.embed_tokens.weight"]
+        assert emb.data_ptr() != live.to_local().data_ptr()  # a copy beside live state, shared by both names

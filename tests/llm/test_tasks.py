@@ -91,3 +91,36 @@ def test_build_task_from_config():
         build_task("arithmetic", nn=5, seed=1)
     with pytest.raises(KeyError, match="valid: arithmetic, math_file"):
         build_task("gsm")
+
+
+# -- attack class "data files": bad bytes are one line naming file and line ------------------------------
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        (b'{"problem": "q", "answer": "1"}\n\xff\xfe bad\n', r":2: not UTF-8"),
+        (b'{"problem": "q", "answer": "1"}\n{"problem": \n', r":2: invalid JSON"),
+        (b'{"problem": "q", "answer": "1"}\n[1, 2]\n', r":2: expected a JSON object"),
+        (b'{"problem": "q", "answer": "1"}\n' + b"[" * 100000 + b"\n", r":2: invalid JSON"),
+        (
+            b'{"id": 1, "problem": "q", "answer": "1"}\n{"id": 1, "problem": "r", "answer": "2"}\n',
+            r":2: duplicate id '1' \(first at line 1\)",
+        ),
+    ],
+)
+def test_bad_data_lines_name_file_and_line(tmp_path, content, match):
+    from rtpo.llm.tasks.math import MathDataError, load_math
+
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(content)
+    with pytest.raises(MathDataError, match=match) as e:
+        load_math(p, "math500")
+    assert str(p) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_json_file_names_the_line(tmp_path):
+    from rtpo.llm.tasks.math import MathDataError, load_math
+
+    p = tmp_path / "bad.json"
+    p.write_bytes(b'[{"problem": "q", "answer": "1"},\n\n {"problem": "\xff"}]')
+    with pytest.raises(MathDataError, match=r"bad\.json:3: not UTF-8"):
+        load_math(p, "math500")

@@ -48,6 +48,21 @@ class RTPOConfig(UpdateConfig):
         return self.loss_config("token", "seq-mean-token-mean")
 
 
+def trunk_outcomes(returns: np.ndarray, turns: list[int] | np.ndarray, num_turns: int) -> dict[str, float]:
+    """Trunk outcome statistics (Appendix G, Tables 7, 12, 13): the online success rate (return > 0),
+    and for failed trunks (return <= 0) the share of all trunks failing at each turn k (the turn their
+    episode ended in) and their mean length in turns."""
+    returns = np.asarray(returns, dtype=np.float64)
+    turns = np.asarray(turns, dtype=np.int64)
+    failed = returns <= 0
+    out = {"trunk/success_rate": float((~failed).mean())}
+    for k in range(num_turns):
+        out[f"trunk/fail_turn_{k}"] = float((failed & (turns == k + 1)).mean())
+    if failed.any():
+        out["trunk/failed_turns_mean"] = float(turns[failed].mean())
+    return out
+
+
 @dataclass
 class RTPOIteration:
     tree: ReverseTree
@@ -82,6 +97,7 @@ class RTPO(Method):
         trunk_returns = np.array([t.ret for t in res.trajectories])
         metrics = {
             "trunk/return_mean": float(trunk_returns.mean()),
+            **trunk_outcomes(trunk_returns, [t.num_turns for t in res.trajectories], num_turns),
             "trunk/turns_mean": float(np.mean([t.num_turns for t in res.trajectories])),
             "trunk/malformed_rate": float(np.mean([t.malformed.mean() for t in res.trajectories])),
         }

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rtpo.config import ConfigError, pydantic_error
+from rtpo.schema import ConfigError, pydantic_error
 
 
 class AirlineTaskConfig(BaseModel):
@@ -34,6 +34,7 @@ class AirlineTaskConfig(BaseModel):
     max_context_tokens: int | None = Field(
         None, ge=1, description="longest turn context; null = backend.max_model_len - 1 when set"
     )
+    max_errors: int | None = Field(10, ge=1, description="failed tool calls that end an episode, scored 0 (τ²: 10)")
     drop_overlong: bool = Field(False, description="leave out tasks whose prompt alone exceeds max_context_tokens")
     full_context_map: str | None = Field(None, description="also record contexts under this map (flat baselines)")
     user: Literal["scripted", "llm"] = Field("scripted", description="user simulator: scripted | llm")
@@ -44,6 +45,11 @@ class AirlineTaskConfig(BaseModel):
     user_engine: Literal["hf", "vllm"] = Field("hf", description="llm user: the engine that plays the user")
     user_temperature: float = Field(0.0, ge=0, description="llm user: sampling temperature (0 = greedy)")
     user_max_tokens: int = Field(256, ge=1, description="llm user: tokens per user message")
+    judge: Literal["none", "llm"] = Field(
+        "none", description="nl_assertions judge: none (off, τ²'s default basis) | llm (reward/nl_assertion)"
+    )
+    judge_model: str | None = Field(None, description="llm judge: local HF model folder, or 'policy'")
+    judge_engine: Literal["hf", "vllm"] = Field("hf", description="llm judge: its engine")
 
     def to_dict(self) -> dict:
         return self.model_dump()
@@ -71,26 +77,42 @@ def load_airline_tasks(task: AirlineTaskConfig, which: str = "train"):
     return AirlineTasks(f"airline:{split}", items)
 
 
+def _engine(path: str, engine: str, temperature: float, max_tokens: int, max_model_len: int | None):
+    from rtpo.llm.engines import SamplingConfig
+
+    sampling = SamplingConfig(temperature=max(temperature, 1e-6), top_p=1.0, max_tokens=max_tokens)
+    if engine == "vllm":
+        from rtpo.llm.engines.vllm import VLLMEngine
+
+        return VLLMEngine(path, sampling, seed=0, max_model_len=max_model_len)
+    from rtpo.llm.engines.hf import HFEngine
+
+    return HFEngine(path, sampling, max_model_len=max_model_len)
+
+
+def make_judge(task: AirlineTaskConfig, model_dir: Any, max_model_len: int | None):
+    if task.judge == "none":
+        return None
+    from rtpo.llm.airline.reward import LLMJudge
+    from rtpo.llm.chat import load_qwen3_tokenizer
+
+    if task.judge_model is None:
+        raise ConfigError("task.judge_model: the llm judge needs a model folder (or 'policy' for the agent's model)")
+    path = str(model_dir) if task.judge_model == "policy" else task.judge_model
+    return LLMJudge(_engine(path, task.judge_engine, 0.0, 16, max_model_len), load_qwen3_tokenizer(path))
+
+
 def make_user(task: AirlineTaskConfig, model_dir: Any, max_model_len: int | None):
     from rtpo.llm.airline.user import LLMUser, ScriptedUser
 
     if task.user == "scripted":
         return ScriptedUser(max_replies=task.user_max_replies)
     from rtpo.llm.chat import load_qwen3_tokenizer
-    from rtpo.llm.engines import SamplingConfig
 
     if task.user_model is None:
         raise ConfigError("task.user_model: the llm user needs a model folder (or 'policy' for the agent's model)")
     path = str(model_dir) if task.user_model == "policy" else task.user_model
-    sampling = SamplingConfig(temperature=max(task.user_temperature, 1e-6), top_p=1.0, max_tokens=task.user_max_tokens)
-    if task.user_engine == "vllm":
-        from rtpo.llm.engines.vllm import VLLMEngine
-
-        engine = VLLMEngine(path, sampling, seed=0, max_model_len=max_model_len)
-    else:
-        from rtpo.llm.engines.hf import HFEngine
-
-        engine = HFEngine(path, sampling, max_model_len=max_model_len)
+    engine = _engine(path, task.user_engine, task.user_temperature, task.user_max_tokens, max_model_len)
     return LLMUser(engine, load_qwen3_tokenizer(path), max_replies=task.user_max_replies)
 
 
@@ -100,6 +122,7 @@ def airline_env_factory(task: AirlineTaskConfig, tokenizer: Any, limit: int | No
     from rtpo.llm.airline.env import AirlineEnv, AirlineTasks
 
     user = make_user(task, model_dir, max_model_len)
+    judge = make_judge(task, model_dir, max_model_len)
     data = load_airline(task.data_dir)
 
     def make_env(t, which):
@@ -116,6 +139,8 @@ def airline_env_factory(task: AirlineTaskConfig, tokenizer: Any, limit: int | No
                 max_calls_per_turn=task.max_calls_per_turn,
                 max_feedback_chars=task.max_feedback_chars,
                 max_context_tokens=limit,
+                max_errors=task.max_errors,
+                judge=judge,
             )
         except (KeyError, ValueError) as e:
             raise ConfigError(f"task: {' '.join(str(e).split())}") from None

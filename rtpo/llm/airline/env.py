@@ -11,8 +11,8 @@ MDP turn per generation:
                                  user simulator, f_k = the user's reply (a user message); a reply with
                                  the stop signal ends the episode (scored);
 - transfer_to_human_agents    -> a successful transfer ends the episode (scored), as in τ²;
-- turn K-1, or a next context longer than max_context_tokens -> the episode ends without a normal end
-                                 (τ² scores such terminations 0).
+- turn K-1, a next context longer than max_context_tokens, or max_errors failed tool calls -> the
+                                 episode ends without a normal end (τ² scores such terminations 0).
 Every boundary S_k therefore falls between two generations, and the snapshot at S_k holds exactly the
 state S_k implies: the chat blocks, the database (the AirlineDB value: shared, never copied), the user
 simulator's state and the messages so far.  The boundaries where a τ² agent turn ends (the user has just
@@ -36,7 +36,7 @@ from rtpo.core.types import Generation, Ragged, StepOutcome
 from rtpo.llm.airline.data import AirlineData, AirlineTask
 from rtpo.llm.airline.db import AirlineDB
 from rtpo.llm.airline.reward import AirlineScorer
-from rtpo.llm.airline.tools import TOOL_SCHEMAS, TOOLS, call_tool
+from rtpo.llm.airline.tools import TOOLS, airline_toolset, call_tool
 from rtpo.llm.airline.user import TRANSFER_MESSAGE
 from rtpo.llm.chat import IM_END, IM_START, Qwen3Chat, parse_response
 from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
@@ -93,6 +93,8 @@ class AirlineEnv:
     context_map, num_turns, gamma, enable_thinking, max_context_tokens: as rtpo.llm.env.LLMEnv.
     max_calls_per_turn: further calls of one response are not run (an error result each).
     max_feedback_chars: a tool result or user reply shown to the model is cut to this (with a note).
+    max_errors:   an episode with this many failed tool calls ends, scored 0 (τ²'s too-many-errors end;
+                  None = no limit).
     judge:        optional nl_assertions judge (reward.AirlineScorer), reported separately.
     """
 
@@ -110,6 +112,7 @@ class AirlineEnv:
         max_calls_per_turn: int = 1,
         max_feedback_chars: int = 2000,
         max_context_tokens: int | None = None,
+        max_errors: int | None = 10,
         judge: Any = None,
     ) -> None:
         if num_turns < 1:
@@ -123,7 +126,7 @@ class AirlineEnv:
         self.scorer = AirlineScorer(self.fresh, judge=judge)
         self.chat = Qwen3Chat(
             tokenizer,
-            tools=TOOL_SCHEMAS,
+            tools=airline_toolset().schemas,
             system=data.policy if include_policy else None,
             enable_thinking=enable_thinking,
         )
@@ -133,6 +136,9 @@ class AirlineEnv:
         self.max_calls_per_turn = max_calls_per_turn
         self.max_feedback_chars = max_feedback_chars
         self.max_context_tokens = max_context_tokens
+        if max_errors is not None and max_errors < 1:
+            raise ValueError(f"AirlineEnv: max_errors must be >= 1 or None, got {max_errors}")
+        self.max_errors = max_errors
         self._prompts: dict[int, tuple[np.ndarray, Any]] = {}
         self.metrics: collections.Counter = collections.Counter()
 
@@ -257,10 +263,12 @@ class AirlineEnv:
                 continue
             e = out[i]
             over = self.max_context_tokens is not None and len(self.psi(e.state)) > self.max_context_tokens
-            if over or episodes[i].k >= self.num_turns - 1:
+            errors = self.max_errors is not None and e.tool_errors >= self.max_errors
+            if over or errors or episodes[i].k >= self.num_turns - 1:
                 done[i], feedback[i] = True, None
                 out[i] = e
-                reward[i] = self._finish(e, "context_overflow" if over else "horizon")
+                how = "too_many_errors" if errors else "context_overflow" if over else "horizon"
+                reward[i] = self._finish(e, how)
         m["malformed"] += int(malformed.sum())
         m["episodes_done"] += int(done.sum())
         outcome = StepOutcome(
@@ -298,18 +306,18 @@ class AirlineEnv:
             results.append(f"Error: {err}.")
         db, calls, transferred = e.db, e.calls, False
         for c, call in enumerate(p.tool_calls):
-            m["tool/attempted"] += 1
             if c >= self.max_calls_per_turn:
                 results.append(f"Error: at most {self.max_calls_per_turn} tool calls per turn; this one was not run.")
+                m["tool/attempted"] += 1
                 m["tool/over_limit"] += 1
                 bad = True
                 continue
-            m["tool/calls"] += 1
             calls = calls + ((call.name, call.arguments),)
-            db, text, ok = call_tool(db, call.name, call.arguments)
+            # the registry's ToolSet validates, runs and counts (tool/attempted, tool/calls, tool/ok, tool/errors,
+            # tool/unknown, tool/invalid_arguments, per tool); the database is the airline tools' shared state
+            db, text, ok = call_tool(db, call.name, call.arguments, m)
             results.append(text)
             if ok:
-                m["tool/ok"] += 1
                 if TOOLS[call.name].writes:
                     m["tool/writes"] += 1
                 if call.name == "transfer_to_human_agents":
@@ -317,9 +325,7 @@ class AirlineEnv:
                     break
             else:
                 errors += 1
-                m["tool/errors"] += 1
                 if call.name not in TOOLS:
-                    m["tool/unknown"] += 1
                     bad = True
         return replace(e, db=db, calls=calls, tool_errors=e.tool_errors + errors), results, bad, transferred
 

@@ -16,8 +16,10 @@ termination other than an agent or user stop.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rtpo.llm.airline.data import AirlineTask
 from rtpo.llm.airline.db import AirlineDB
@@ -91,3 +93,48 @@ def action_reward(task: AirlineTask, tool_calls: Sequence[tuple[str, dict]]) -> 
         return all(args.get(k) == gold.arguments.get(k) for k in keys)
 
     return float(all(any(matches(g, c) for c in tool_calls) for g in task.actions))
+
+
+class LLMJudge:
+    """nl_assertions judged by an engine (rtpo.llm.engines: HF or vLLM): one yes/no question per assertion
+    about the agent's messages; the component is 1 when every assertion is judged met, else 0 (as τ²
+    combines its NL assertions).  Off unless configured (task.judge: llm); reported as
+    reward/nl_assertion and part of the reward only when a task's reward_basis names NL_ASSERTION."""
+
+    def __init__(self, engine: Any, tokenizer: Any) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+
+    def prompt(self, assertion: str, assistant_messages: Sequence[str]) -> str:
+        said = "\n".join(f"- {m}" for m in assistant_messages) or "(the agent said nothing)"
+        msgs = [
+            {
+                "role": "system",
+                "content": "You check a customer-service conversation. Answer with one word: yes or no.",
+            },
+            {"role": "user", "content": f"The agent's messages:\n{said}\n\nIs this true of them: {assertion}"},
+        ]
+        return self.tokenizer.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+
+    def __call__(self, task: AirlineTask, assistant_messages: Sequence[str]) -> float:
+        import numpy as np
+
+        from rtpo.core.types import Ragged
+
+        if not task.nl_assertions:
+            return 1.0
+        rows = [
+            np.asarray(self.tokenizer.encode(self.prompt(a, assistant_messages), add_special_tokens=False), np.int64)
+            for a in task.nl_assertions
+        ]
+        gen = self.engine.generate(
+            Ragged.from_rows(rows, dtype=np.int64), np.zeros(len(rows), np.int64), 1, np.random.default_rng(0)
+        )
+        verdicts = []
+        for i in range(len(rows)):
+            text = self.tokenizer.decode([int(t) for t in gen.tokens[i]], skip_special_tokens=True)
+            words = re.sub(r"<think>.*?(</think>|$)", " ", text, flags=re.S).split()
+            verdicts.append(bool(words) and words[0].strip(".,!:").lower() == "yes")
+        return float(all(verdicts))

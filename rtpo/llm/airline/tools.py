@@ -1,11 +1,15 @@
 """The τ²-airline tools, written from the domain's documented semantics (τ²-bench's airline toolkit).
 
 Each tool is a function `fn(tx, **arguments)` over a database `Transaction` (db.py) with an
-OpenAI-style JSON schema.  `call_tool(db, name, arguments)` validates the arguments against the
-schema, runs the tool in a transaction and returns (new database, result text, ok): a failure —
-an unknown tool, wrong argument types, an id that does not exist, an unavailable flight, a balance
-too small — is `ok=False` with the error as the result text ("Error: ..."), the database unchanged
-(the transaction is dropped), never an exception.
+OpenAI-style JSON schema, registered in the tool registry (rtpo.llm.tools.TOOLS, under its own name)
+as a stateful `Tool` whose per-episode state is the episode's AirlineDB.  All 14 share that one state
+(`state_key = "airline"`), so a call sees the writes of the calls before it.  `airline_toolset()` is
+the ToolSet an AirlineEnv holds; `call_tool(db, name, arguments)` runs one call through it (gold
+replay uses the same path): the registry checks the arguments against the schema, the tool runs in a
+transaction, and the result is (new database, result text, ok).  A failure — an unknown tool, wrong
+argument types, an unknown field, an id that does not exist, an unavailable flight, a balance too
+small — is `ok=False` with the error as the result text ("Error: ..."), the database unchanged (the
+transaction is dropped), never an exception.
 
 Semantics kept from τ² (so gold solutions replay to the intended database):
 - new reservation ids are HATHAT, HATHAU, HATHAV in that order; new certificates certificate_3221322..4;
@@ -27,7 +31,9 @@ when the first arrives "+1" (τ² builds the date string by adding 1 to the day 
 from __future__ import annotations
 
 import ast
+import collections
 import datetime as _dt
+import functools
 import json
 import operator
 from collections.abc import Callable
@@ -35,6 +41,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtpo.llm.airline.db import AirlineDB, Transaction
+from rtpo.llm.tools import TOOLS as TOOL_REGISTRY
+from rtpo.llm.tools import Tool, ToolResult, ToolSet
+
+STATE_KEY = "airline"
 
 NOW = "2024-05-15T15:00:00"
 NEW_RESERVATION_IDS = ("HATHAT", "HATHAU", "HATHAV")
@@ -69,7 +79,7 @@ class ToolError(Exception):
 
 
 @dataclass(frozen=True)
-class AirlineTool:
+class AirlineToolSpec:
     name: str
     description: str
     parameters: dict
@@ -93,7 +103,12 @@ _N = {"type": "number"}
 
 
 def _obj(props: dict, required: list[str] | None = None) -> dict:
-    return {"type": "object", "properties": props, "required": list(props) if required is None else required}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props) if required is None else required,
+        "additionalProperties": False,
+    }
 
 
 def _desc(schema: dict, text: str) -> dict:
@@ -124,46 +139,6 @@ _RES_ID = _desc(_S, "The reservation ID, such as 'ZFA04Y'.")
 _USER_ID = _desc(_S, "The user ID, such as 'sara_doe_496'.")
 _IATA = "The {} city airport in three letters, such as '{}'."
 _DATE = _desc(_S, "The date of the flight in the format 'YYYY-MM-DD', such as '2024-05-01'.")
-
-
-# ---------------------------------------------------------------- validation
-
-
-def _type_ok(value: Any, kind: str) -> bool:
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-    if kind == "array":
-        return isinstance(value, list)
-    if kind == "object":
-        return isinstance(value, dict)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    return True
-
-
-def validate(schema: dict, value: Any, where: str = "arguments") -> None:
-    """Check `value` against the JSON-schema subset the tools use; ToolError names the first problem."""
-    kind = schema.get("type")
-    if kind and not _type_ok(value, kind):
-        raise ToolError(f"{where} must be of type {kind}, got {type(value).__name__} {json.dumps(value)[:40]}")
-    if "enum" in schema and value not in schema["enum"]:
-        raise ToolError(f"{where} must be one of {', '.join(map(str, schema['enum']))}, got {value!r}")
-    if kind == "object":
-        props = schema.get("properties", {})
-        for name in schema.get("required", ()):
-            if name not in value:
-                raise ToolError(f"{where} is missing {name!r}")
-        for name, v in value.items():
-            if name not in props:
-                raise ToolError(f"{where} has an unknown field {name!r} (valid: {', '.join(props) or 'none'})")
-            validate(props[name], v, f"{where}.{name}")
-    if kind == "array" and "items" in schema:
-        for i, v in enumerate(value):
-            validate(schema["items"], v, f"{where}[{i}]")
 
 
 # ---------------------------------------------------------------- lookups
@@ -500,11 +475,11 @@ def update_reservation_passengers(tx: Transaction, reservation_id: str, passenge
 # ---------------------------------------------------------------- the tool table
 
 
-def _tool(fn, description: str, props: dict, writes: bool = False) -> AirlineTool:
-    return AirlineTool(fn.__name__, description, _obj(props), fn, writes)
+def _tool(fn, description: str, props: dict, writes: bool = False) -> AirlineToolSpec:
+    return AirlineToolSpec(fn.__name__, description, _obj(props), fn, writes)
 
 
-TOOLS: dict[str, AirlineTool] = {
+TOOLS: dict[str, AirlineToolSpec] = {
     t.name: t
     for t in (
         _tool(
@@ -614,17 +589,48 @@ def _render(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
-def call_tool(db: AirlineDB, name: str, arguments: Any) -> tuple[AirlineDB, str, bool]:
-    """Run one tool call: (database after it, result text, ok).  Never raises on bad calls."""
-    tool = TOOLS.get(name)
-    if tool is None:
-        return db, f"Error: unknown tool {name!r} (valid: {', '.join(TOOLS)})", False
-    tx = db.transaction()
-    try:
-        validate(tool.parameters, arguments)
-        text = _render(tool.fn(tx, **arguments))
-    except ToolError as e:
-        return db, f"Error: {e}", False
-    except (KeyError, TypeError, ValueError, ArithmeticError) as e:  # a record the data lacks: still feedback
-        return db, f"Error: {type(e).__name__}: {e}", False
-    return tx.commit(), text, True
+class AirlineTool(Tool):
+    """One airline tool in the registry: stateful, its state the episode's AirlineDB (shared by all 14)."""
+
+    stateful = True
+    state_key = STATE_KEY
+
+    def __init__(self, spec: AirlineToolSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.description = spec.description
+        self.parameters = spec.parameters
+
+    def execute(self, arguments: dict, state: Any = None) -> ToolResult:
+        if not isinstance(state, AirlineDB):
+            raise TypeError(f"airline tool {self.name!r} needs the episode's AirlineDB as its state")
+        tx = state.transaction()
+        try:
+            text = _render(self.spec.fn(tx, **arguments))
+        except ToolError as e:
+            return ToolResult(f"Error: {e}", ok=False)
+        except (KeyError, TypeError, ValueError, ArithmeticError) as e:  # a record the data lacks: feedback
+            return ToolResult(f"Error: {type(e).__name__}: {e}", ok=False)
+        new = tx.commit()
+        return ToolResult(text, ok=True, state=new if new is not state else None)
+
+
+for _spec in TOOLS.values():
+    TOOL_REGISTRY.register(_spec.name)(functools.partial(AirlineTool, _spec))
+
+
+@functools.lru_cache(maxsize=1)
+def airline_toolset() -> ToolSet:
+    """The 14 tools in the registry's ToolSet (argument validation, metrics), in the prompt's order."""
+    return ToolSet([AirlineTool(spec) for spec in TOOLS.values()])
+
+
+def call_tool(
+    db: AirlineDB, name: str, arguments: Any, metrics: collections.Counter | None = None
+) -> tuple[AirlineDB, str, bool]:
+    """Run one tool call through the registry: (database after it, result text, ok).  Never raises on
+    bad calls; `metrics` receives the registry's counters (tool/calls, tool/ok, tool/errors, ...)."""
+    res = airline_toolset().call(
+        name, arguments, {STATE_KEY: db}, metrics if metrics is not None else collections.Counter()
+    )
+    return (res.state or {}).get(STATE_KEY, db), res.text, res.ok

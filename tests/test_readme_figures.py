@@ -1,0 +1,49 @@
+"""Every performance figure in README.md and docs/ is a link to the bench JSON it comes from, and says
+what that JSON says (bench/figures.py; `python bench/figures.py --write` regenerates them)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("bench_figures", ROOT / "bench" / "figures.py")
+figures = importlib.util.module_from_spec(_spec)
+sys.modules["bench_figures"] = figures  # dataclasses look their module up there
+_spec.loader.exec_module(figures)
+
+
+def test_readme_figures_match_their_json():
+    found = figures.figures(ROOT)
+    assert len(found) >= 10, "the README's benchmark figures are no longer links to their JSON"
+    assert figures.check(ROOT) == []
+
+
+def test_readme_quotes_no_stale_tabular_figures():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "9.1k sibling-turn samples/s" not in readme and "K = 8: 0.17 s" not in readme
+
+
+def test_checker_flags_a_stale_figure_and_rewrites_it(tmp_path):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "x.json").write_text(json.dumps({"rows": [{"n": 10, "t": 0.01234}], "r": 0.4763}))
+    (tmp_path / "README.md").write_text(
+        'solve [12.3 ms](bench/x.json "rows[n=10].t"), ratio [0.50×](bench/x.json "r"), '
+        'share [47.6%](bench/x.json "r"), missing [1 s](bench/x.json "nope")\n'
+    )
+    bad = figures.check(tmp_path)
+    assert len(bad) == 2 and "'0.50×'" in bad[0] and "'0.48×'" in bad[0] and "nope" in bad[1]
+    (tmp_path / "README.md").write_text(
+        (tmp_path / "README.md").read_text().replace(', missing [1 s](bench/x.json "nope")', "")
+    )
+    assert figures.write(tmp_path) == 1
+    assert figures.check(tmp_path) == []
+    assert "[0.48×]" in (tmp_path / "README.md").read_text()
+
+
+def test_render_units():
+    assert figures.render(163_000.4, "9.1k/s") == "163.0k/s"
+    assert figures.render(0.0072, "0.17 ms") == "7.20 ms"
+    assert figures.render(1234.5, "1,000") == "1,234"
