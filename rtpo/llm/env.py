@@ -21,24 +21,40 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from rtpo.core.types import Generation, Ragged, StepOutcome
-from rtpo.llm.chat import PYTHON_TOOL, ParsedResponse, Qwen3Chat, ToolCall, parse_response
+from rtpo.llm.chat import ParsedResponse, Qwen3Chat, parse_response
 from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
 from rtpo.llm.rewards import ANSWER_PARSES, LENIENT_PARSERS, MathVerifier, default_verifier
 from rtpo.llm.sandbox import SandboxLimits, SandboxResult, run_python
 from rtpo.llm.tasks.math import MathItem, MathTask
+from rtpo.llm.tools import Tool, ToolSet, make_tool
+from rtpo.llm.tools.python import PythonTool
 
 NO_ACTION_FEEDBACK = (
     "Error: no tool call and no final answer found. Call the python tool as "
     '<tool_call>\n{"name": "python", "arguments": {"code": "..."}}\n</tool_call> '
     "or give the final answer as \\boxed{...}."
 )
+
+
+def no_action_feedback(tools: ToolSet) -> str:
+    """The feedback of a turn with neither a tool call nor a final answer (names the first tool)."""
+    if tools.names == ("python",):
+        return NO_ACTION_FEEDBACK
+    name = tools.names[0] if len(tools) else "tool"
+    props = list(tools.tools[name].parameters.get("properties", {})) if len(tools) else []
+    arg = f'"{props[0]}": "..."' if props else ""
+    listed = ", ".join(tools.names) or "none"
+    return (
+        f"Error: no tool call and no final answer found. Call a tool (available: {listed}) as "
+        f'<tool_call>\n{{"name": "{name}", "arguments": {{{arg}}}}}\n</tool_call> '
+        "or give the final answer as \\boxed{...}."
+    )
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,7 @@ class ChatEpisode:
     state: ChatState
     history: tuple[tuple[str, str], ...] = ()
     done: bool = False
+    tool_state: Any = None  # the tool set's per-episode state (ToolSet.initial_state), picklable
 
     @property
     def k(self) -> int:
@@ -71,7 +88,10 @@ class LLMEnv:
     max_feedback_chars: tool output shown to the model is cut to this (with a note).
     verifier:      math answer checker (default: the process-wide one).
     tool_threads:  tool calls of a batch run in parallel on this many threads.
-    run_tool:      the code runner (default: the sandbox); injectable for tests of the env's own logic.
+    run_tool:      the code runner of the python tool (default: the sandbox); injectable for tests.
+    tools:         the tools offered (rtpo.llm.tools): a ToolSet, or a list of registered names /
+                   {name: params} / Tool objects; default [python].  "python" by name gets this env's
+                   sandbox, run_tool and max_feedback_chars.
     answer_parse:  "boxed" (default): the answer is the last \\boxed{}; "last_integer": lenient, for tiny
                    random models only: without a \\boxed{}, the last integer of the content is the answer
                    (rtpo.llm.rewards.last_integer); "last_digit": likewise the last digit character.
@@ -103,6 +123,7 @@ class LLMEnv:
         answer_parse: str = "boxed",
         full_context_map: str | ContextMap | None = None,
         max_context_tokens: int | None = None,
+        tools: ToolSet | Sequence[Any] | None = None,
     ) -> None:
         if num_turns < 1:
             raise ValueError(f"LLMEnv: num_turns must be >= 1, got {num_turns}")
@@ -118,16 +139,20 @@ class LLMEnv:
             full_psi = make_context_map(full_context_map) if isinstance(full_context_map, str) else full_context_map
             self.full_contexts = functools.partial(self.contexts_with, psi=full_psi)  # picklable
         self.task = task
-        self.chat = Qwen3Chat(tokenizer, tools=(PYTHON_TOOL,), system=system, enable_thinking=enable_thinking)
+        self.sandbox = sandbox or SandboxLimits()
+        self.max_feedback_chars = max_feedback_chars
+        self.run_tool = run_tool or run_python
+        self.tools = tools if isinstance(tools, ToolSet) else ToolSet(self._tool(t) for t in (tools or ["python"]))
+        self.chat = Qwen3Chat(
+            tokenizer, tools=self.tools.schemas or None, system=system, enable_thinking=enable_thinking
+        )
+        self.no_action_feedback = no_action_feedback(self.tools)
         self.psi: ContextMap = make_context_map(context_map) if isinstance(context_map, str) else context_map
         self.num_turns = num_turns
         self.gamma = gamma
-        self.sandbox = sandbox or SandboxLimits()
         self.max_calls_per_turn = max_calls_per_turn
-        self.max_feedback_chars = max_feedback_chars
         self._verifier = verifier
         self.tool_threads = tool_threads
-        self.run_tool = run_tool or run_python
         self._prompts: dict[int, np.ndarray] = {}
         self.metrics: collections.Counter = collections.Counter()
 
@@ -145,7 +170,8 @@ class LLMEnv:
                     f"query {q} of task {self.task.name!r}: its prompt has {n} tokens, "
                     f"more than max_context_tokens={self.max_context_tokens}"
                 )
-            eps.append(ChatEpisode(q, self.task[q], state))
+            item = self.task[q]
+            eps.append(ChatEpisode(q, item, state, tool_state=self.tools.initial_state(item)))
         return eps
 
     def check_prompts(self) -> list[tuple[int, int]]:
@@ -213,7 +239,8 @@ class LLMEnv:
         done = np.zeros(n, dtype=bool)
         malformed = np.zeros(n, dtype=bool)
         feedback: list[str | None] = [None] * n
-        jobs: list[tuple[int, int, str]] = []  # (episode, slot, code)
+        calls: list[list[tuple[str, Any]]] = [[] for _ in range(n)]
+        slots: list[list[int]] = [[] for _ in range(n)]  # where each call's result goes in results[i]
         results: list[list[str]] = [[] for _ in range(n)]
         m = self.metrics
         m["turns"] += n
@@ -231,27 +258,40 @@ class LLMEnv:
             if not wants_tools:
                 malformed[i] = True
                 m["malformed/no_action"] += 1
-                results[i].append(NO_ACTION_FEEDBACK)
+                results[i].append(self.no_action_feedback)
                 continue
             for err in p.errors:
                 malformed[i] = True
                 m["malformed/tool_call"] += 1
                 results[i].append(f"Error: {err}.")
             for c, call in enumerate(p.tool_calls):
-                problem = self._check_call(call, c)
+                problem = (
+                    f"at most {self.max_calls_per_turn} tool calls per turn; this one was not run"
+                    if c >= self.max_calls_per_turn
+                    else self.tools.check(call.name, call.arguments)
+                )
                 if problem:
                     malformed[i] = True
                     m["malformed/tool_call"] += 1
+                    if call.name not in self.tools:
+                        m["tool/unknown"] += 1
                     results[i].append(f"Error: {problem}.")
                 else:
+                    slots[i].append(len(results[i]))
                     results[i].append("")
-                    jobs.append((i, len(results[i]) - 1, call.arguments["code"]))
-        self._run_jobs(jobs, results)
+                    calls[i].append((call.name, call.arguments))
+        ran = self.tools.run_batch(calls, [e.tool_state for e in episodes], m, threads=self.tool_threads)
+        tool_states = []
+        for i, (res, st) in enumerate(ran):
+            for slot, r in zip(slots[i], res):
+                results[i][slot] = r.text
+            tool_states.append(st)
 
         out: list[ChatEpisode] = []
         for i, e in enumerate(episodes):
             history = e.history + (("assistant", texts[i]),)
             if done[i]:
+                self.tools.end_metrics(e.tool_state, e.item, m)
                 out.append(replace(e, history=history, done=True))
                 continue
             feedback[i] = "\n\n".join(results[i])
@@ -261,7 +301,11 @@ class LLMEnv:
                 feedback=self.chat.tool_block(results[i]),
             )
             nxt = ChatEpisode(
-                e.query_id, e.item, e.state.append(blocks), history + tuple(("tool", r) for r in results[i])
+                e.query_id,
+                e.item,
+                e.state.append(blocks),
+                history + tuple(("tool", r) for r in results[i]),
+                tool_state=tool_states[i],
             )
             if self.max_context_tokens is not None and len(self.psi(nxt.state)) > self.max_context_tokens:
                 # no room for another turn: end here, scored as at the horizon (a lenient or boxed
@@ -269,6 +313,7 @@ class LLMEnv:
                 done[i] = True
                 feedback[i] = None
                 reward[i] = self._score(self._answer(parsed[i]), e)
+                self.tools.end_metrics(nxt.tool_state, e.item, m)
                 m["context_overflow"] += 1
                 out.append(replace(nxt, done=True))
                 continue
@@ -301,6 +346,8 @@ class LLMEnv:
     def _score(self, answer: str | None, e: ChatEpisode) -> float:
         r = self._verifier_or_default().score(answer, e.item.answer)
         self.metrics[f"answer/{r.status}"] += 1
+        for k, v in (getattr(r, "metrics", None) or {}).items():  # e.g. QA's f1 / em (rtpo.llm.tasks.qa)
+            self.metrics[f"answer/{k}"] += v
         return r.reward
 
     def _verifier_or_default(self) -> MathVerifier:
@@ -308,53 +355,12 @@ class LLMEnv:
             self._verifier = default_verifier()
         return self._verifier
 
-    def _check_call(self, call: ToolCall, index: int) -> str | None:
-        if index >= self.max_calls_per_turn:
-            return f"at most {self.max_calls_per_turn} tool calls per turn; this one was not run"
-        if call.name != "python":
-            return f"unknown tool {call.name!r}; the only tool is 'python'"
-        code = call.arguments.get("code")
-        if not isinstance(code, str) or not code.strip():
-            return "the python tool needs a non-empty string argument 'code'"
-        return None
-
-    def _run_jobs(self, jobs: list[tuple[int, int, str]], results: list[list[str]]) -> None:
-        if not jobs:
-            return
-        limits = self.sandbox
-        with ThreadPoolExecutor(max_workers=max(1, min(self.tool_threads, len(jobs)))) as pool:
-            outs = list(pool.map(lambda job: self.run_tool(job[2], limits), jobs))
-        for (i, slot, _), res in zip(jobs, outs):
-            self.metrics["tool/calls"] += 1
-            self.metrics["tool/ok"] += int(res.ok)
-            self.metrics["tool/timeouts"] += int(res.timed_out)
-            self.metrics["tool/truncated"] += int(res.truncated)
-            self.metrics["tool/refused"] += int(res.isolation == "refused")  # no kernel isolation: fail closed
-            self.metrics["tool/unisolated"] += int(res.isolation == "rlimits")  # sandbox.allow_unisolated
-            results[i][slot] = self._format(res)
-
-    def _format(self, res: SandboxResult) -> str:
-        if res.error:
-            return f"Error: the tool could not run ({res.error})."
-        text = res.stdout
-        if res.stderr.strip():
-            text = (text + ("\n" if text and not text.endswith("\n") else "") + res.stderr) if text else res.stderr
-        text = text.rstrip("\n")
-        cap = self.max_feedback_chars
-        notes = []
-        if len(text) > cap:
-            text = text[:cap]
-            notes.append("output cut")
-        if res.truncated:
-            notes.append("output limit reached, program stopped")
-        if res.timed_out:
-            notes.append(f"time limit of {self.sandbox.wall_time_s:g}s reached, program stopped")
-        elif res.signal is not None:
-            notes.append(
-                f"killed by signal {res.signal}" + (" (" + ", ".join(res.limits_hit) + ")" if res.limits_hit else "")
-            )
-        elif res.exit_code not in (0, None):
-            notes.append(f"exit code {res.exit_code}")
-        if not text and not notes:
-            return "(no output)"
-        return text + ("\n" if text and notes else "") + "".join(f"[{n}]" for n in notes)
+    def _tool(self, t: Any) -> Tool:
+        if t == "python":
+            return PythonTool(self.sandbox, self.max_feedback_chars, run=self.run_tool)
+        if isinstance(t, str):
+            return make_tool(t)
+        if isinstance(t, dict) and len(t) == 1:
+            ((name, params),) = t.items()
+            return make_tool(name, **dict(params or {}))
+        return t

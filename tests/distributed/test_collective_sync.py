@@ -6,6 +6,7 @@ changes nothing (catch-up and fallback through the object store, the group re-fo
 from __future__ import annotations
 
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -123,7 +124,20 @@ def test_a_worker_dying_during_a_sync_falls_back_to_the_object_store(coll_ctx):
     def killing_sync():
         count[0] += 1
         if count[0] == 3:
-            ray.kill(coll_ctx.pool.workers[1], no_restart=False)
+            w, old_pid = coll_ctx.pool.workers[1], coll_ctx.pool.pids[1]
+            ray.kill(w, no_restart=False)
+            # ray.kill is asynchronous: wait until Ray has restarted the actor in a new process, so the
+            # broadcast below deterministically meets a member outside the group (not a race with the kill)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if ray.get(w.ping.remote(), timeout=5) != old_pid:
+                        break
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    pass
+                time.sleep(0.05)
+            else:
+                raise AssertionError("the killed rollout worker did not restart within 60 s")
         sync()
 
     coll_ctx.weight_sync.sync = killing_sync

@@ -90,24 +90,11 @@ def _check(report: dict, files) -> None:
     assert not any(report["read"].values()), report["read"]  # no host data, no sources, no /etc
     assert not any(report["sockets"].values()), report["sockets"]  # no host unix socket, path or abstract
     assert report["scratch_writable"]
-    assert set(report["root"]) <= {
-        "bin",
-        "dev",
-        "etc",
-        "lib",
-        "lib32",
-        "lib64",
-        "libx32",
-        "proc",
-        "root",
-        "sbin",
-        "tmp",
-        "usr",
-        "work",
-        "opt",
-        "home",
-        "srv",
-    }
+    # The new root holds the system folders plus the first component of each interpreter folder (the venv
+    # and base prefix live wherever the checkout is, e.g. /check/... on CI); nothing else of the host.
+    system = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr"}
+    interpreter = {Path(d).parts[1] for d in sandbox._interpreter_dirs()}
+    assert set(report["root"]) <= system | interpreter, sorted(set(report["root"]) - system - interpreter)
 
 
 @kernel

@@ -16,7 +16,9 @@ State: a tool set can carry per-episode state (`initial_state(item)`), a picklab
 the episode snapshot; `execute` reads the state it is given and returns the next one (never mutating
 it), so restoring a boundary re-runs nothing and two siblings forked from one snapshot never see each
 other's calls.  Stateless tools ignore it and return `state` unchanged (ToolResult.state = None means
-"unchanged").  The per-episode state of a ToolSet is a dict {tool name: that tool's state}.
+"unchanged").  The per-episode state of a ToolSet is a dict {state key: state}; a tool's key is
+`Tool.state_key` (default its name), so a family of tools over one database (the airline's 14 tools)
+shares one slot by giving them one key; `initial_state` is asked of the first tool of each key.
 
 Metrics: ToolSet.call counts `tool/calls`, `tool/ok`, `tool/errors` and per tool
 `tool/<name>/calls`, `tool/<name>/ok`; a tool's own metrics (ToolResult.metrics) are added under
@@ -61,7 +63,11 @@ class Tool:
     parameters: Mapping[str, Any] = {"type": "object", "properties": {}}
     stateful: bool = False
     flat_metrics: bool = False
-    state_key: str | None = None  # stateful tools with one key share one state (default: the tool's name)
+    state_key: str | None = None  # the slot of the episode state this tool reads/writes (None: its name)
+
+    @property
+    def slot(self) -> str:
+        return self.state_key or self.name
 
     @property
     def schema(self) -> dict:
@@ -73,6 +79,14 @@ class Tool:
 
     def initial_state(self, item: Any) -> Any:
         """The per-episode state at reset (item: the task item of the episode)."""
+        return None
+
+    def end_metrics(self, state: Any, item: Any) -> Mapping[str, float]:
+        """Metrics of a finished episode from its final state (e.g. recall of the gold titles retrieved)."""
+        return {}
+
+    def check(self, arguments: dict) -> str | None:
+        """An optional friendlier message than the schema's for a bad call (run before the schema)."""
         return None
 
     def execute(self, arguments: dict, state: Any = None) -> ToolResult:
@@ -102,6 +116,8 @@ def _validator(schema: Mapping[str, Any]):
 
 
 def _short(obj: Any, limit: int = 120) -> str:
+    if isinstance(obj, str):
+        return obj if len(obj) <= limit else obj[:limit] + "..."
     try:
         s = json.dumps(obj, ensure_ascii=False, default=str)
     except (TypeError, ValueError, RecursionError):
@@ -144,8 +160,20 @@ class ToolSet:
 
     def initial_state(self, item: Any) -> dict | None:
         """{tool name: state} of the stateful tools, None when there are none (nothing to carry)."""
-        st = {t.state_key or n: t.initial_state(item) for n, t in self.tools.items() if t.stateful}
+        st: dict = {}
+        for t in self.tools.values():
+            if t.stateful and t.slot not in st:
+                st[t.slot] = t.initial_state(item)
         return st or None
+
+    def end_metrics(self, state: dict | None, item: Any, metrics: collections.Counter) -> None:
+        """Add each stateful tool's end-of-episode metrics (tool/<name>/<key>) for a finished episode."""
+        seen = set()
+        for t in self.tools.values():
+            if t.stateful and t.slot not in seen:
+                seen.add(t.slot)
+                for k, v in t.end_metrics((state or {}).get(t.slot), item).items():
+                    metrics[f"tool/{t.slot}/{k}"] += v
 
     def check(self, name: str, arguments: Any) -> str | None:
         """Why a call cannot run (unknown tool, arguments failing the schema), None when it can."""
@@ -153,6 +181,9 @@ class ToolSet:
             return f"unknown tool {name!r}; the tools are " + ", ".join(repr(n) for n in self.tools)
         if not isinstance(arguments, dict):
             return f"the arguments of {name!r} must be a JSON object"
+        own = self.tools[name].check(arguments) if hasattr(self.tools[name], "check") else None
+        if own:
+            return own
         errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
         if errors:
             e = errors[0]
@@ -170,8 +201,7 @@ class ToolSet:
             metrics["tool/errors"] += 1
             return ToolResult(f"Error: {problem}.", ok=False, state=state)
         tool = self.tools[name]
-        key = tool.state_key or name
-        own = state.get(key) if (state and tool.stateful) else None
+        own = state.get(tool.slot) if (state and tool.stateful) else None
         metrics["tool/calls"] += 1
         metrics[f"tool/{name}/calls"] += 1
         try:
@@ -186,7 +216,8 @@ class ToolSet:
             metrics["tool/crashed"] += 1
             metrics["tool/errors"] += 1
             return ToolResult(f"Error: the tool {name!r} returned no result.", False, state=state)
-        metrics["tool/ok" if res.ok else "tool/errors"] += 1
+        metrics["tool/ok"] += int(res.ok)  # always present, as before the registry
+        metrics["tool/errors"] += int(not res.ok)
         metrics[f"tool/{name}/ok"] += int(res.ok)
         for k, v in res.metrics.items():
             metrics[f"tool/{name}/{k}"] += v
@@ -195,7 +226,7 @@ class ToolSet:
         new_state = state
         if tool.stateful and res.state is not None:
             new_state = dict(state or {})
-            new_state[key] = res.state
+            new_state[tool.slot] = res.state
         return ToolResult(res.text, res.ok, res.metrics, new_state)
 
     def run_batch(
@@ -273,3 +304,6 @@ def make_toolset(spec: Iterable[str | Mapping[str, Any] | Tool]) -> ToolSet:
         else:
             tools.append(s)
     return ToolSet(tools)
+
+
+__all__ = ["TOOLS", "Tool", "ToolResult", "ToolSet", "make_tool", "make_toolset"]
