@@ -37,6 +37,7 @@ from rtpo.checkpoint import (
 )
 from rtpo.config import ConfigError, ScenarioConfig, load_scenario
 from rtpo.core.budget import Budget
+from rtpo.core.protocols import Closeable, ReportsMetrics
 from rtpo.trackers import open_trackers
 
 
@@ -250,7 +251,8 @@ def run_scenario(
     try:
         return _run_loop(cfg, built, run_dir, state, progress)
     finally:
-        getattr(built.ctx, "shutdown", lambda: None)()
+        if isinstance(built.ctx, Closeable):
+            built.ctx.shutdown()
 
 
 def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: dict | None, progress: bool) -> RunResult:
@@ -311,7 +313,8 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                     continue
                 t0 = time.perf_counter()
                 phase_metrics = method.phase(ctx, prog.it_state)
-                phase_metrics.update(getattr(ctx, "pop_metrics", dict)())  # distributed backends' timings
+                if isinstance(ctx, ReportsMetrics):  # distributed backends' timings
+                    phase_metrics.update(ctx.pop_metrics())
                 phase_s = time.perf_counter() - t0
                 prog.phase_in_iter += 1
                 prog.global_phase += 1

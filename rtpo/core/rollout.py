@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.core.protocols import Environment, Sampler
+from rtpo.core.protocols import Environment, EpisodeRunner, FullHistoryEnvironment, Sampler
 from rtpo.core.types import Boundary, Ragged, Trajectory
 
 
@@ -45,13 +45,12 @@ def rollout(
     n > 1 samples n responses per episode at the first step (one generate call with n samples per
     context: vLLM shares the prompt's prefix cache) and forks the episode n ways, giving B·n results.
 
-    A sampler that runs whole episodes on its own workers (rtpo.distributed) provides
-    `run_rollout(env, episodes, query_ids, rng, n, record_boundaries)`; the call is handed to it
-    unchanged, so methods drive local and distributed backends through this one function.
+    A sampler that runs whole episodes on its own workers (rtpo.distributed) is an EpisodeRunner; the
+    call is handed to its `run_rollout` unchanged, so methods drive local and distributed backends
+    through this one function.
     """
-    run_rollout = getattr(sampler, "run_rollout", None)
-    if run_rollout is not None:
-        return run_rollout(env, episodes, query_ids, rng, n=n, record_boundaries=record_boundaries)
+    if isinstance(sampler, EpisodeRunner):
+        return sampler.run_rollout(env, episodes, query_ids, rng, n=n, record_boundaries=record_boundaries)
     query_ids = np.asarray(query_ids, dtype=np.int64)
     num = len(query_ids) * n
     live = np.arange(num, dtype=np.int64)  # episode id of every live row
@@ -61,7 +60,7 @@ def rollout(
     steps: list[dict[str, Any]] = []
     first = True
     # optional: environments that can also show the full-history context (flat baselines train on it)
-    full_fn = getattr(env, "full_contexts", None)
+    full_fn = env.full_contexts if isinstance(env, FullHistoryEnvironment) else None
     while live.size:
         contexts = env.contexts(episodes)
         full = full_fn(episodes) if full_fn is not None else None

@@ -10,7 +10,7 @@ on construction; nothing hands out a mutable view of its internals.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -271,27 +271,6 @@ class Boundary:
 
 
 @dataclass(frozen=True)
-class SiblingGroup:
-    """The G-1 on-policy siblings forked at one boundary (Algorithm 1 step 2.2).
-
-    siblings[j] starts at boundary.k; returns[j] = R_j, the return from turn k on.
-    """
-
-    boundary: Boundary
-    siblings: tuple[Trajectory, ...]
-    returns: np.ndarray = field(default=None)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        for s in self.siblings:
-            if s.start_turn != self.boundary.k:
-                raise ValueError("a sibling's start_turn must equal its boundary's k")
-        rets = np.array([s.ret for s in self.siblings], dtype=np.float64)
-        if self.returns is not None and not np.allclose(self.returns, rets):
-            raise ValueError("SiblingGroup.returns disagrees with the siblings' returns")
-        object.__setattr__(self, "returns", _frozen(rets))
-
-
-@dataclass(frozen=True)
 class ReverseTree:
     """Trunks of one iteration and their boundaries, indexed by turn.
 
@@ -311,6 +290,18 @@ class ReverseTree:
                     raise ValueError("boundary names a trunk that does not exist")
                 if self.trunks[b.trunk].end_turn < k:
                     raise ValueError("boundary at a turn its trunk never reached")
+
+    @classmethod
+    def from_rollout(
+        cls, trunks: Sequence[Trajectory], boundaries: Sequence[Sequence[Boundary]], num_turns: int
+    ) -> ReverseTree:
+        """The tree of these trunks: boundaries[i] are trunk i's boundaries in turn order (as a recorded
+        rollout gives them), filed under their turn and renumbered to name trunk i."""
+        per_turn: list[list[Boundary]] = [[] for _ in range(num_turns)]
+        for i, row in enumerate(boundaries):
+            for b in row:
+                per_turn[b.k].append(b if b.trunk == i else Boundary(i, b.k, b.snapshot, b.context))
+        return cls(tuple(trunks), tuple(tuple(r) for r in per_turn))
 
     @property
     def num_turns(self) -> int:

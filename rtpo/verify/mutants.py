@@ -333,10 +333,11 @@ class _SplitSampler:
     ("test_t3_on_policy.py",),
 )
 def _stale_continuations() -> Undo:
+    from rtpo.core.methods import base as base_mod
     from rtpo.core.methods import rtpo as rtpo_mod
 
     orig_begin = rtpo_mod.RTPO.begin
-    orig_rollout = rtpo_mod.rollout
+    orig_rollout = base_mod.rollout  # what Method.rollout calls
     stale: dict[str, Any] = {"sampler": None}
 
     def begin(self, ctx, query_ids):
@@ -349,7 +350,7 @@ def _stale_continuations() -> Undo:
             sampler = _SplitSampler(sampler, stale["sampler"])
         return orig_rollout(env, sampler, episodes, query_ids, rng, n=n, record_boundaries=record_boundaries)
 
-    return _chain(_set_attr(rtpo_mod.RTPO, "begin", begin), _set_attr(rtpo_mod, "rollout", rollout))
+    return _chain(_set_attr(rtpo_mod.RTPO, "begin", begin), _set_attr(base_mod, "rollout", rollout))
 
 
 # -- importance-weight and clipping mutants ----------------------------------------------------------------
