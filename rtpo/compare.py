@@ -144,6 +144,7 @@ def build_jobs(
     out_root: Path,
 ) -> tuple[list[Job], dict]:
     """Every (sweep value, method, seed) run, each config validated before anything runs."""
+    from rtpo.backends import get_backend
     from rtpo.config import ConfigError, apply_override, parse_scenario
 
     try:  # registers `backend.kind: tabular_history` (full-history contexts beside ψ)
@@ -162,6 +163,7 @@ def build_jobs(
     points: list[str | None] = [None] if sweep is None else list(sweep[1])
     jobs: list[Job] = []
     budgets: dict[str, int] = {}
+    diagnostics: dict[str, list[str]] = {}
     for point in points:
         base = copy.deepcopy(raw)
         for ov in other_ov:
@@ -175,6 +177,9 @@ def build_jobs(
         num_turns = _num_turns(base_cfg)
         budget = _plan_budget(base_cfg, num_turns)
         budgets[str(point)] = budget
+        diagnostic = get_backend(base_cfg.backend.kind).diagnostic
+        if diagnostic is not None:
+            diagnostics[str(point)] = diagnostic(base_cfg)
         for label, (name, kv) in zip(labels, specs):
             from rtpo.core import methods
 
@@ -201,7 +206,7 @@ def build_jobs(
                 jobs.append(
                     Job(label, name, point, d["seed"], d, str(out_root / "runs"), getattr(cfg.method.config, "G", None))
                 )
-    return jobs, {"scenario": stem, "budgets": budgets}
+    return jobs, {"scenario": stem, "budgets": budgets, "diagnostics": diagnostics}
 
 
 def _inherited_method(scenario_method: dict, name: str) -> dict:
@@ -434,6 +439,16 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         lines += [
             f"- {m}{'' if p is None else f' at {sweep_key}={p}'}: {v:.0f} rollouts > {meta['budgets'][str(p)]}"
             for m, p, v in over
+        ]
+    for point, diag in (meta.get("diagnostics") or {}).items():
+        where = "" if sweep_key is None else f" ({sweep_key}={point})"
+        lines += [
+            "",
+            f"Which regime{where}, before training (exact; rtpo.tabular.diagnostic):",
+            "",
+            "```",
+            *diag,
+            "```",
         ]
     failed = [(r["method"], e) for r in rows for e in r["failed"]]
     if failed:

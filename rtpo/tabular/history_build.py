@@ -15,7 +15,15 @@ from pydantic import Field
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
 from rtpo.schema import BackendConfig, ScenarioConfig
-from rtpo.tabular.build import assemble, build_mdp, memory_estimate, parse_task, solve_text, task_schemas
+from rtpo.tabular.build import (
+    assemble,
+    build_mdp,
+    memory_estimate,
+    parse_task,
+    solve_text,
+    task_schemas,
+    variance_lines,
+)
 from rtpo.tabular.history import FullHistoryEnv, history_policy
 
 
@@ -37,5 +45,6 @@ register_backend(
         solve=solve_text,
         memory=memory_estimate,
         task_schemas=task_schemas,
+        diagnostic=variance_lines,
     ),
 )
