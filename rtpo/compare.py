@@ -13,7 +13,9 @@
 - The budget B: `budget.max_rollouts` if the scenario sets it, else what the scenario's own method plans
   for `budget.iterations` iterations (iterations × rollouts_per_query(K) × queries_per_iteration).
   Each method runs the whole iterations that fit in B (B // (its rollouts_per_query × queries), at
-  least 1) and is also capped at B; the table shows what each really spent.
+  least 1) and is also capped at B at iteration boundaries (a begun iteration always finishes and is
+  trained: rtpo.run._run_loop's budget rule); the table shows what each really spent, which is its
+  checkpoint's counter, and flags a row that spent more than B (one iteration costs more than B).
 - `--sweep key=v1,v2,...` repeats the whole comparison for each value (e.g. task.num_turns=3,4,5).
 - Seeds are scenario.seed + 0..N−1.  Runs go to 2 worker processes (single-threaded torch each,
   forked where the platform allows) whenever more than one run is queued.
@@ -142,6 +144,7 @@ def build_jobs(
     out_root: Path,
 ) -> tuple[list[Job], dict]:
     """Every (sweep value, method, seed) run, each config validated before anything runs."""
+    from rtpo.backends import get_backend
     from rtpo.config import ConfigError, apply_override, parse_scenario
 
     try:  # registers `backend.kind: tabular_history` (full-history contexts beside ψ)
@@ -160,6 +163,7 @@ def build_jobs(
     points: list[str | None] = [None] if sweep is None else list(sweep[1])
     jobs: list[Job] = []
     budgets: dict[str, int] = {}
+    diagnostics: dict[str, list[str]] = {}
     for point in points:
         base = copy.deepcopy(raw)
         for ov in other_ov:
@@ -173,6 +177,9 @@ def build_jobs(
         num_turns = _num_turns(base_cfg)
         budget = _plan_budget(base_cfg, num_turns)
         budgets[str(point)] = budget
+        diagnostic = get_backend(base_cfg.backend.kind).diagnostic
+        if diagnostic is not None:
+            diagnostics[str(point)] = diagnostic(base_cfg)
         for label, (name, kv) in zip(labels, specs):
             from rtpo.core import methods
 
@@ -199,7 +206,7 @@ def build_jobs(
                 jobs.append(
                     Job(label, name, point, d["seed"], d, str(out_root / "runs"), getattr(cfg.method.config, "G", None))
                 )
-    return jobs, {"scenario": stem, "budgets": budgets}
+    return jobs, {"scenario": stem, "budgets": budgets, "diagnostics": diagnostics}
 
 
 def _inherited_method(scenario_method: dict, name: str) -> dict:
@@ -422,6 +429,27 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
             _pm(r["wall_s"], 1),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    over = [
+        (r["method"], r["sweep"], r["rollouts"]["mean"])
+        for r in rows
+        if r["per_seed"] and r["rollouts"]["mean"] > meta["budgets"].get(str(r["sweep"]), math.inf)
+    ]
+    if over:
+        lines += ["", "Over budget (one whole iteration costs more than the budget; it ran and is reported):"]
+        lines += [
+            f"- {m}{'' if p is None else f' at {sweep_key}={p}'}: {v:.0f} rollouts > {meta['budgets'][str(p)]}"
+            for m, p, v in over
+        ]
+    for point, diag in (meta.get("diagnostics") or {}).items():
+        where = "" if sweep_key is None else f" ({sweep_key}={point})"
+        lines += [
+            "",
+            f"Which regime{where}, before training (exact; rtpo.tabular.diagnostic):",
+            "",
+            "```",
+            *diag,
+            "```",
+        ]
     failed = [(r["method"], e) for r in rows for e in r["failed"]]
     if failed:
         lines += ["", "Failed runs:"] + [f"- {m}: {e}" for m, e in failed]

@@ -15,7 +15,16 @@ from pydantic import Field
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
 from rtpo.schema import BackendConfig, ScenarioConfig
-from rtpo.tabular.build import ROLLOUT_PATH, assemble, build_mdp, memory_estimate, parse_task, solve_text, task_schemas
+from rtpo.tabular.build import (
+    ROLLOUT_PATH,
+    assemble,
+    build_mdp,
+    memory_estimate,
+    parse_task,
+    solve_text,
+    task_schemas,
+    variance_lines,
+)
 from rtpo.tabular.history import FullHistoryEnv, history_policy
 
 
@@ -38,5 +47,6 @@ register_backend(
         solve=solve_text,
         memory=memory_estimate,
         task_schemas=task_schemas,
+        diagnostic=variance_lines,
     ),
 )
