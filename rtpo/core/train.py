@@ -83,7 +83,8 @@ def ppo_update(
     rng: np.random.Generator,
 ) -> dict[str, float]:
     """E epochs over shuffled minibatches (Algorithm 1 step 2.4).  Minibatches split by sequence, so a
-    multi-row sequence is never cut.  Returns the metrics averaged over all steps."""
+    multi-row sequence is never cut.  Returns the metrics averaged over all steps, plus
+    `samples/turn_<k>`: the batch's rows (training samples) of each turn k present."""
     if epochs < 1:
         raise ValueError("epochs must be >= 1")
     seqs = np.unique(batch.seq_id)
@@ -101,4 +102,7 @@ def ppo_update(
             steps += 1
     out = {k: v / steps for k, v in sums.items()}
     out["train/steps"] = float(steps)
+    # training samples of this update by turn (each counted once, however many epochs reuse it)
+    turns, counts = np.unique(np.asarray(batch.turn, np.int64), return_counts=True)
+    out.update({f"samples/turn_{int(k)}": float(c) for k, c in zip(turns, counts)})
     return out
