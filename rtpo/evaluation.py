@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.core.protocols import Environment, Sampler
+from rtpo.core.protocols import Environment, ReportsMetrics, Sampler
 from rtpo.core.rollout import rollout
 
 # the in-run evaluation of the LLM backend has always drawn with seed + this (kept: same numbers)
@@ -191,9 +191,8 @@ def sample_and_score(
     ids = np.asarray(query_ids, dtype=np.int64).reshape(-1)
     if ids.size == 0:
         raise ValueError("no problems to evaluate")
-    pop = getattr(env, "pop_metrics", None)
-    if pop is not None:
-        pop()  # counters of earlier use of this environment belong to someone else
+    if isinstance(env, ReportsMetrics):
+        env.pop_metrics()  # counters of earlier use of this environment belong to someone else
     rng = np.random.default_rng(seed)
     step = ids.size if not chunk_problems else int(chunk_problems)
     trajs = []
@@ -201,7 +200,7 @@ def sample_and_score(
         for lo in range(0, ids.size, step):
             part = ids[lo : lo + step]
             trajs += rollout(env, sampler, env.reset(part, rng), part, rng, n=samples).trajectories
-    counters = {k: float(v) for k, v in pop().items()} if pop is not None else None
+    counters = {k: float(v) for k, v in env.pop_metrics().items()} if isinstance(env, ReportsMetrics) else None
 
     def grid(values) -> np.ndarray:  # episodes are row-major: problem i's samples are rows i*n..i*n+n-1
         return np.asarray(values).reshape(ids.size, samples)

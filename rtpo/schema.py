@@ -111,7 +111,12 @@ class BackendConfig(Section):
 class BudgetConfig(Section):
     iterations: int = Field(20, ge=1, description="training iterations (one batch of queries each)")
     queries_per_iteration: int = Field(32, ge=1, description="queries (prompts) per iteration")
-    max_rollouts: int | None = Field(None, ge=1, description="stop once this many rollouts are spent (null = no cap)")
+    max_rollouts: int | None = Field(
+        None,
+        ge=1,
+        description="stop at the first iteration boundary where this many rollouts are spent; a begun "
+        "iteration always finishes, so a run can pass the cap by less than one iteration (null = no cap)",
+    )
 
 
 class TrainConfig(Section):
