@@ -133,6 +133,12 @@ class LoggingConfig(Section):
         description="phases between checkpoints (the run's last phase always gets "
         "one); --resume restarts from the latest, dropping later metric lines",
     )
+    keep_last: int | None = Field(
+        3,
+        ge=1,
+        description="iteration checkpoints kept under RUN/ckpt/iter_N (the newest N; null = all) for "
+        "`rtpo eval|export --iter N` and `rtpo run --resume RUN --iter N`",
+    )
     trackers: tuple[str, ...] = Field(
         ("jsonl",),
         description="experiment trackers fed the same record as metrics.jsonl (rtpo.trackers: jsonl, tensorboard)",
