@@ -65,12 +65,38 @@ class LLMBackendConfig(BackendConfig):
     gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
 
 
+class FieldsSection(BaseModel):
+    """`task.fields`: where a record keeps each value, when its columns differ from the layout's (rtpo.data)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    question: str | None = Field(
+        None, description="column of the question (a string, or chat messages: the last user turn)"
+    )
+    answer: str | None = Field(
+        None, description="column of the gold answer; a worked solution gives its last \\boxed{} (e.g. solution)"
+    )
+    id: str | None = Field(None, description="column of a unique problem id (null = the layout's, else the row number)")
+
+    def mapping(self) -> dict[str, str]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class LLMTaskConfig(BaseModel):
     """Math with a sandboxed Python tool: `kind` arithmetic (generated) or a benchmark layout read from `path`."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-    kind: str = Field(description="arithmetic | gsm8k | math500 | aime24 | aime25 | amc23 | oe_math")
-    path: str | None = Field(None, description="local benchmark file (JSONL/JSON/Parquet) for a layout kind")
+    kind: str = Field(
+        description="arithmetic | gsm8k | math500 | aime24 | aime25 | amc23 | oe_math | math (MATH: the answer is "
+        "the solution's last \\boxed{}) | verl (RLHFDataset parquet) | generic (name the columns in task.fields)"
+    )
+    path: str | None = Field(
+        None,
+        description="local data for a layout kind: JSONL, JSON, Parquet, Arrow, or a datasets save_to_disk "
+        "folder (docs/data.md)",
+    )
+    fields: FieldsSection = Field(
+        default_factory=FieldsSection, description="column names of your file, where they differ from the layout's"
+    )
     limit: int | None = Field(None, ge=1, description="keep the first N items of the file")
     eval_path: str | None = Field(None, description="held-out file for evaluation (same layout; null = the task)")
     n: int = Field(64, ge=1, description="arithmetic: number of problems")
@@ -143,7 +169,7 @@ def parse_task(data: Any) -> LLMTaskConfig:
     try:
         return LLMTaskConfig.model_validate(data)
     except ValidationError as e:
-        raise pydantic_error(e, "task") from None
+        raise pydantic_error(e, "task", LLMTaskConfig) from None
 
 
 def load_task(task: LLMTaskConfig, which: str = "train"):
@@ -165,7 +191,7 @@ def load_task(task: LLMTaskConfig, which: str = "train"):
                 task.n, seed, max_operand=task.max_operand, num_operands=task.num_operands, ops=tuple(task.ops)
             )
         path = task.path if which == "train" or task.eval_path is None else task.eval_path
-        return load_math(path, task.kind, limit=task.limit)
+        return load_math(path, task.kind, limit=task.limit, fields=task.fields.mapping())
     except (MathDataError, ValueError) as e:
         raise ConfigError(f"task.{'path' if task.kind != 'arithmetic' else 'kind'}: {e}") from None
 

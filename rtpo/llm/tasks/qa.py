@@ -2,7 +2,8 @@
 a seeded generator of multi-hop questions written in the official HotpotQA format, and the corpus
 (`{id, title, text}` JSONL) a retriever indexes.
 
-Nothing is downloaded: point a loader at a file you have.  A bad file is a one-line `QADataError`
+Nothing is downloaded: point a loader at a file you have (any format rtpo.data reads: JSONL, a JSON
+list, Parquet, Arrow, a datasets save_to_disk folder).  A bad file is a one-line `QADataError`
 naming the file, the record (line or 1-based position) and the field.
 
 Layouts (the public field names of each release):
@@ -87,14 +88,13 @@ class QATask:
         return iter(self.items)
 
 
-def _records(path: str) -> Iterator[tuple[int, Any]]:
-    """(line or record number, record) of a JSONL / JSON list / Parquet file (the math reader's rules)."""
-    from rtpo.llm.tasks.math import MathDataError
-    from rtpo.llm.tasks.math import _records as read
+def _records(path: str) -> Iterator[tuple[str, Any]]:
+    """(place, record) of a data file or datasets folder, read by rtpo.data (JSONL, JSON, Parquet, Arrow)."""
+    from rtpo.data import DataError, iter_raw
 
     try:
-        yield from read(path)
-    except MathDataError as e:
+        yield from iter_raw(path)
+    except DataError as e:
         raise QADataError(str(e)) from None
 
 
@@ -206,21 +206,18 @@ def load_qa(
     """Load a QA file in one of QA_LAYOUTS; `prompt` formats {question} into the model's user message."""
     path = os.fspath(path)
     parse = QA_LAYOUTS.get(layout)
-    if not os.path.isfile(path):
-        raise QADataError(f"{path}: no such file")
     if "{question}" not in prompt:
         raise QADataError("the QA prompt template must contain {question}")
     items: list[QAItem] = []
-    seen: dict[str, int] = {}
-    for lineno, rec in _records(path):
-        where = f"{path}:{lineno}"
+    seen: dict[str, str] = {}
+    for where, rec in _records(path):
         if not isinstance(rec, dict):
             raise QADataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         f = parse(rec, where, layout)
         item_id = str(f["id"]) if f["id"] is not None else f"{layout}-{len(items)}"
         if item_id in seen:
-            raise QADataError(f"{where}: duplicate id {item_id[:60]!r} (first at record {seen[item_id]})")
-        seen[item_id] = lineno
+            raise QADataError(f"{where}: duplicate id {item_id[:60]!r} (first at {seen[item_id]})")
+        seen[item_id] = where
         items.append(
             QAItem(
                 id=item_id,
