@@ -61,7 +61,9 @@ class BackendSpec:
                    family); `rtpo config schema` offers them as alternatives.
     memory:        optional (ScenarioConfig) -> [(key, bytes), ...]: what building and one iteration would
                    allocate, by the config key that drives each part; the loader refuses a scenario whose
-                   total exceeds the machine's memory, naming the largest part's key."""
+                   total exceeds the machine's memory, naming the largest part's key.
+    diagnostic:    optional (ScenarioConfig) -> lines `rtpo compare` prints under its table (tabular: the
+                   exact variance decomposition and RTPO/GRPO information index under the initial policy)."""
 
     config: type
     parse_task: Callable[[Any], Any]
@@ -70,6 +72,7 @@ class BackendSpec:
     build_role: Callable[[ScenarioConfig, str], RunContext] | None = None
     memory: Callable[[ScenarioConfig], list[tuple[str, int]]] | None = None
     task_schemas: Callable[[], list[dict]] | None = None
+    diagnostic: Callable[[ScenarioConfig], list[str]] | None = None
 
 
 BACKENDS: Registry[BackendSpec] = Registry("backend")

@@ -13,7 +13,15 @@
 - The budget B: `budget.max_rollouts` if the scenario sets it, else what the scenario's own method plans
   for `budget.iterations` iterations (iterations × rollouts_per_query(K) × queries_per_iteration).
   Each method runs the whole iterations that fit in B (B // (its rollouts_per_query × queries), at
-  least 1) and is also capped at B; the table shows what each really spent.
+  least 1) and is also capped at B at iteration boundaries (a begun iteration always finishes and is
+  trained: rtpo.run._run_loop's budget rule); the table shows what each really spent, which is its
+  checkpoint's counter, and flags a row that spent more than B (one iteration costs more than B).
+- The report prints every method's resolved settings (its whole Config as run, inherited scenario
+  settings included, and train.lr), calls out the shared update settings that differ between methods
+  (e.g. RTPO inheriting the scenario's `epochs: 2` while GRPO runs its default 1), and counts training
+  samples per turn (batch rows of turn k over the run, from each phase's `samples/turn_<k>`).  On the
+  tabular backends it also prints which regime the task is in before training (the exact variance
+  decomposition and RTPO/GRPO information index of rtpo.tabular.diagnostic).
 - `--sweep key=v1,v2,...` repeats the whole comparison for each value (e.g. task.num_turns=3,4,5).
 - Seeds are scenario.seed + 0..N−1.  Runs go to 2 worker processes (single-threaded torch each,
   forked where the platform allows) whenever more than one run is queued.
@@ -66,6 +74,7 @@ class Job:
     data: dict
     out_root: str
     G: int | None = None
+    settings: dict = field(default_factory=dict)  # the method's resolved Config, as run
 
 
 @dataclass
@@ -142,6 +151,7 @@ def build_jobs(
     out_root: Path,
 ) -> tuple[list[Job], dict]:
     """Every (sweep value, method, seed) run, each config validated before anything runs."""
+    from rtpo.backends import get_backend
     from rtpo.config import ConfigError, apply_override, parse_scenario
 
     try:  # registers `backend.kind: tabular_history` (full-history contexts beside ψ)
@@ -160,6 +170,7 @@ def build_jobs(
     points: list[str | None] = [None] if sweep is None else list(sweep[1])
     jobs: list[Job] = []
     budgets: dict[str, int] = {}
+    diagnostics: dict[str, list[str]] = {}
     for point in points:
         base = copy.deepcopy(raw)
         for ov in other_ov:
@@ -173,6 +184,9 @@ def build_jobs(
         num_turns = _num_turns(base_cfg)
         budget = _plan_budget(base_cfg, num_turns)
         budgets[str(point)] = budget
+        diagnostic = get_backend(base_cfg.backend.kind).diagnostic
+        if diagnostic is not None:
+            diagnostics[str(point)] = diagnostic(base_cfg)
         for label, (name, kv) in zip(labels, specs):
             from rtpo.core import methods
 
@@ -197,9 +211,46 @@ def build_jobs(
                 except ConfigError as e:
                     raise ConfigError(f"--methods {label}: {e}") from None
                 jobs.append(
-                    Job(label, name, point, d["seed"], d, str(out_root / "runs"), getattr(cfg.method.config, "G", None))
+                    Job(
+                        label,
+                        name,
+                        point,
+                        d["seed"],
+                        d,
+                        str(out_root / "runs"),
+                        getattr(cfg.method.config, "G", None),
+                        resolved_settings(cfg),
+                    )
                 )
-    return jobs, {"scenario": stem, "budgets": budgets}
+    return jobs, {"scenario": stem, "budgets": budgets, "diagnostics": diagnostics}
+
+
+def resolved_settings(cfg) -> dict:
+    """Every field of the method's Config as the run uses it (defaults and inherited scenario settings
+    included), plus the optimiser's learning rate: what the report prints for each row."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(cfg.method.config):
+        v = getattr(cfg.method.config, f.name)
+        out[f.name] = v if isinstance(v, (bool, int, float, str, type(None))) else repr(v)
+    out["train.lr"] = cfg.train.lr
+    return out
+
+
+def settings_lines(rows: list[dict]) -> list[str]:
+    """One line per method with its resolved settings, and the update settings several methods share
+    (epochs, minibatch, clip, KL, lr) where they differ between rows, so an inherited value is visible."""
+    seen: dict[str, dict] = {}
+    for r in rows:
+        seen.setdefault(r["method"], r.get("settings") or {})
+    lines = [f"- {m}: " + ", ".join(f"{k}={v}" for k, v in st.items()) for m, st in seen.items()]
+    shared = ("epochs", "minibatch_size", "clip_eps", "clip_eps_high", "kl_coef", "log_ratio_clip", "train.lr")
+    for key in shared:
+        vals = {m: st[key] for m, st in seen.items() if key in st}
+        if len(set(map(repr, vals.values()))) > 1:
+            lines.append(f"- differs between methods: {key} (" + ", ".join(f"{m} {v}" for m, v in vals.items()) + ")")
+    return lines
 
 
 def _inherited_method(scenario_method: dict, name: str) -> dict:
@@ -258,7 +309,7 @@ def run_job(job: Job) -> Outcome:
         res = run_scenario(cfg, out_root=Path(job.out_root), progress=False)
     except Exception as e:  # one bad run must not lose the others
         return Outcome(job, error=f"{type(e).__name__}: {' '.join(str(e).split())}")
-    curve = [{k: m[k] for k in CURVE_KEYS if k in m} for m in res.metrics]
+    curve = [{k: m[k] for k in m if k in CURVE_KEYS or k.startswith("samples/turn_")} for m in res.metrics]
     summary = {k: v for k, v in res.summary.items() if not isinstance(v, (list, dict))}
     return Outcome(job, summary=summary, curve=curve)
 
@@ -316,6 +367,17 @@ def _normalised_gain(curve: list[dict]) -> float | None:
     return (c["eval/value"] - c["eval/v_uniform"]) / gap if gap > 0 else None
 
 
+def _samples_per_turn(curve: list[dict]) -> dict[str, float]:
+    """Training samples of each turn over the whole run: the sum of the phases' `samples/turn_<k>`."""
+    out: dict[str, float] = {}
+    for c in curve:
+        for key, v in c.items():
+            if key.startswith("samples/turn_"):
+                k = key.removeprefix("samples/turn_")
+                out[k] = out.get(k, 0.0) + float(v)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
 def aggregate(outcomes: list[Outcome]) -> list[dict]:
     """One row per (sweep value, label): mean ± 95% interval over seeds of each quantity."""
     groups: dict[tuple, list[Outcome]] = {}
@@ -346,10 +408,14 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
                     "max_abs_ratio_minus_1": _ratio_dev(o.curve),
                     "rollouts": s.get("rollouts"),
                     "tokens": s.get("tokens"),
+                    "samples_per_turn": _samples_per_turn(o.curve),
                     "wall_s": s.get("wall_s"),
                     "run_dir": s.get("run_dir"),
                 }
             )
+            per = row["per_seed"][-1]["samples_per_turn"]
+            per_mean = float(np.mean(list(per.values()))) if per else None
+            row["per_seed"][-1]["samples_per_turn_mean"] = per_mean
         for key in (
             "value_over_optimum",
             "normalised_gain",
@@ -359,11 +425,17 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
             "max_abs_ratio_minus_1",
             "rollouts",
             "tokens",
+            "samples_per_turn_mean",
             "wall_s",
         ):
             m, h = mean_ci([p[key] for p in row["per_seed"] if p[key] is not None])
             row[key] = {"mean": m, "ci95": h}
         row["reached_target"] = sum(bool(p["reached_target"]) for p in row["per_seed"])
+        row["settings"] = outs[0].job.settings
+        turns = sorted({k for p in row["per_seed"] for k in p["samples_per_turn"]}, key=int)
+        row["samples_per_turn"] = {
+            k: float(np.mean([p["samples_per_turn"].get(k, 0.0) for p in row["per_seed"]])) for k in turns
+        }
         if ok:
             row["optimum"] = ok[0].summary.get("optimum")
         rows.append(row)
@@ -392,6 +464,7 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         "max abs(ratio−1)",
         "rollouts",
         "tokens",
+        "samples/turn",
         "wall s",
     ]
     lines = [
@@ -419,9 +492,41 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
             _pm(r["max_abs_ratio_minus_1"], 4),
             _pm(r["rollouts"]),
             _pm(r["tokens"]),
+            _pm(r["samples_per_turn_mean"], 1),
             _pm(r["wall_s"], 1),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "samples/turn: training samples (batch rows) per turn over the run, averaged over turns; by turn k:",
+        "",
+    ]
+    for r in rows:
+        where = "" if sweep_key is None else f" ({sweep_key}={r['sweep']})"
+        per = ", ".join(f"{k}: {v:.0f}" for k, v in r.get("samples_per_turn", {}).items())
+        lines.append(f"- {r['method']}{where}: {per or '–'}")
+    lines += ["", "Method settings, resolved (what each row ran):", "", *settings_lines(rows)]
+    over = [
+        (r["method"], r["sweep"], r["rollouts"]["mean"])
+        for r in rows
+        if r["per_seed"] and r["rollouts"]["mean"] > meta["budgets"].get(str(r["sweep"]), math.inf)
+    ]
+    if over:
+        lines += ["", "Over budget (one whole iteration costs more than the budget; it ran and is reported):"]
+        lines += [
+            f"- {m}{'' if p is None else f' at {sweep_key}={p}'}: {v:.0f} rollouts > {meta['budgets'][str(p)]}"
+            for m, p, v in over
+        ]
+    for point, diag in (meta.get("diagnostics") or {}).items():
+        where = "" if sweep_key is None else f" ({sweep_key}={point})"
+        lines += [
+            "",
+            f"Which regime{where}, before training (exact; rtpo.tabular.diagnostic):",
+            "",
+            "```",
+            *diag,
+            "```",
+        ]
     failed = [(r["method"], e) for r in rows for e in r["failed"]]
     if failed:
         lines += ["", "Failed runs:"] + [f"- {m}: {e}" for m, e in failed]
@@ -637,6 +742,11 @@ def main(argv: list[str]) -> int:
         + f") -> {out}",
         flush=True,
     )
+    seen: dict[str, dict] = {}
+    for j in jobs:
+        seen.setdefault(j.label, j.settings)
+    for line in settings_lines([{"method": m, "settings": st} for m, st in seen.items()]):
+        print("  " + line.removeprefix("- "), flush=True)
     t0 = time.perf_counter()
 
     def on_done(outcomes: list[Outcome]) -> None:

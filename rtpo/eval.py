@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from rtpo.core.protocols import Closeable
 from rtpo.evaluation import (  # noqa: F401 - re-exported: the metrics library's names under rtpo.eval too
     IN_RUN_SEED_OFFSET,
     EvalSamples,
@@ -164,7 +165,8 @@ def evaluate_target(
         res = sample_and_score(spec, np.arange(count, dtype=np.int64), samples, seed, split, threshold, chunk_problems)
         exact = spec.exact() if spec.exact is not None else None
     finally:
-        getattr(built.ctx, "shutdown", lambda: None)()
+        if isinstance(built.ctx, Closeable):
+            built.ctx.shutdown()
     return _jsonable(
         {
             "target": {

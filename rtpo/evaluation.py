@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.core.protocols import Environment, Sampler
+from rtpo.core.protocols import Environment, ReportsMetrics, Sampler
 from rtpo.core.rollout import rollout
 
 # the in-run evaluation of the LLM backend has always drawn with seed + this (kept: same numbers)
@@ -160,6 +160,20 @@ class EvalSamples:
                 "normal_termination_rate": (
                     None if c is None or "end/normal" not in c else float(c["end/normal"]) / episodes
                 ),
+                # multi-hop QA (Table 1, F.1): answer F1/EM per episode, searches per episode, and the
+                # share of the gold supporting titles the searches retrieved (rtpo.llm.tools.search)
+                "f1_mean": None if c is None or "answer/f1" not in c else float(c["answer/f1"]) / episodes,
+                "em_mean": None if c is None or "answer/em" not in c else float(c["answer/em"]) / episodes,
+                "search_calls_mean": (
+                    None
+                    if c is None or "tool/search/episodes" not in c
+                    else float(c.get("tool/search/calls", 0)) / episodes
+                ),
+                "retrieval_recall": (
+                    None
+                    if c is None or not c.get("tool/search/recall_episodes")
+                    else float(c["tool/search/recall"]) / float(c["tool/search/recall_episodes"])
+                ),
                 "num_problems": self.num_problems,
                 "samples_per_problem": self.samples,
                 "num_episodes": int(episodes),
@@ -191,9 +205,8 @@ def sample_and_score(
     ids = np.asarray(query_ids, dtype=np.int64).reshape(-1)
     if ids.size == 0:
         raise ValueError("no problems to evaluate")
-    pop = getattr(env, "pop_metrics", None)
-    if pop is not None:
-        pop()  # counters of earlier use of this environment belong to someone else
+    if isinstance(env, ReportsMetrics):
+        env.pop_metrics()  # counters of earlier use of this environment belong to someone else
     rng = np.random.default_rng(seed)
     step = ids.size if not chunk_problems else int(chunk_problems)
     trajs = []
@@ -201,7 +214,7 @@ def sample_and_score(
         for lo in range(0, ids.size, step):
             part = ids[lo : lo + step]
             trajs += rollout(env, sampler, env.reset(part, rng), part, rng, n=samples).trajectories
-    counters = {k: float(v) for k, v in pop().items()} if pop is not None else None
+    counters = {k: float(v) for k, v in env.pop_metrics().items()} if isinstance(env, ReportsMetrics) else None
 
     def grid(values) -> np.ndarray:  # episodes are row-major: problem i's samples are rows i*n..i*n+n-1
         return np.asarray(values).reshape(ids.size, samples)
@@ -232,6 +245,10 @@ _IN_RUN_KEYS = {
     "tokens_per_success": "eval/tokens_per_success",
     "tool_error_calls": "eval/tool_error_calls",
     "normal_termination_rate": "eval/normal_termination_rate",
+    "f1_mean": "eval/f1",
+    "em_mean": "eval/em",
+    "search_calls_mean": "eval/search_calls_mean",
+    "retrieval_recall": "eval/retrieval_recall",
 }
 
 

@@ -40,6 +40,7 @@ from rtpo.checkpoint import (
 )
 from rtpo.config import ConfigError, ScenarioConfig, load_scenario
 from rtpo.core.budget import Budget
+from rtpo.core.protocols import Closeable, ReportsMetrics
 from rtpo.trackers import open_trackers
 
 
@@ -280,7 +281,8 @@ def run_scenario(
     try:
         return _run_loop(cfg, built, run_dir, state, progress)
     finally:
-        getattr(built.ctx, "shutdown", lambda: None)()
+        if isinstance(built.ctx, Closeable):
+            built.ctx.shutdown()
 
 
 def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root: Path) -> Path:
@@ -301,6 +303,23 @@ def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root:
 
 
 def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: dict | None, progress: bool) -> RunResult:
+    """Run phases until the budget is spent; checkpoint between phases.
+
+    Budget rule: `budget.max_rollouts` is checked only at iteration boundaries, before `begin`;
+    an iteration once begun runs all its phases.  So every rollout a run generates is trained on (or, for
+    RTPO's trunks, used for the boundaries it trains) and appears in a metrics line, and the spend a run
+    reports (its last metrics line, summary.json, `rtpo compare`) is its checkpoint's budget counter.
+
+    Why this and not "stop at the first phase that reaches the cap": a flat method (GRPO, SeeUPO, GSPO,
+    Tree-GRPO, ARPO) generates all of an iteration's rollouts in `begin` and trains on them in its one
+    phase, so a cap checked before that phase threw the whole last iteration away after paying for it --
+    reported as neither spent nor trained (GRPO at a budget of exactly 3 iterations reported 2 iterations'
+    rollouts; below one iteration it reported 0 rollouts and the initial policy's value).  And "never
+    generate what will not be trained" needs the iteration's cost in advance, which RTPO with early
+    episode ends and ARPO's branching do not have.  The price: a run may spend up to one iteration past
+    `max_rollouts`; `rtpo compare` avoids that by giving each method the whole iterations that fit its
+    budget, and it reports the real spend (at least one iteration runs, even when it costs more).
+    """
     method = cfg.method.build()
     ctx = built.ctx
     if state is not None:
@@ -314,6 +333,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
     budget_cfg = cfg.budget
 
     def spent() -> bool:
+        """The rollout cap, checked at iteration boundaries only (the budget rule in _run_loop's docstring)."""
         return budget_cfg.max_rollouts is not None and ctx.budget.rollouts >= budget_cfg.max_rollouts
 
     start = time.perf_counter()
@@ -342,17 +362,15 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                 if not prog.it_state.pending:
                     prog.it_state, prog.iteration = None, prog.iteration + 1
                     continue
-                if spent():
-                    prog.stopped_by = "max_rollouts"
-                    break
                 t0 = time.perf_counter()
                 phase_metrics = method.phase(ctx, prog.it_state)
-                phase_metrics.update(getattr(ctx, "pop_metrics", dict)())  # distributed backends' timings
+                if isinstance(ctx, ReportsMetrics):  # distributed backends' timings
+                    phase_metrics.update(ctx.pop_metrics())
                 phase_s = time.perf_counter() - t0
                 prog.phase_in_iter += 1
                 prog.global_phase += 1
                 iter_done = not prog.it_state.pending
-                last = (iter_done and prog.iteration + 1 >= budget_cfg.iterations) or spent()
+                last = iter_done and (prog.iteration + 1 >= budget_cfg.iterations or spent())
                 if last or prog.global_phase % cfg.eval.every == 0:
                     last_eval = built.evaluate()
                     eval_metrics = last_eval
@@ -415,7 +433,6 @@ def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: li
     value = final.get(built.value_key)
     optimum = final.get(built.optimum_key) if built.optimum_key else None
     ratio = value / optimum if (value is not None and optimum) else None
-    last = metrics[-1] if metrics else {}
     summary = {
         "scenario": cfg.name,
         "method": cfg.method.name,
@@ -429,8 +446,10 @@ def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: li
         "value_over_optimum": ratio,
         "target": cfg.eval.target,
         "reached_target": None if ratio is None else bool(ratio >= cfg.eval.target),
-        "rollouts": last.get("budget/rollouts", 0),
-        "tokens": last.get("budget/tokens", 0),
+        # the run's own counter (what its checkpoint holds), not a metrics line: the two agree by the
+        # budget rule of _run_loop, and the counter is the spend even if a line were missing
+        "rollouts": built.ctx.budget.rollouts,
+        "tokens": built.ctx.budget.tokens,
         "wall_s": prog.elapsed_s,
         "rollout_train_ratio_mean": _mean(metrics, "consistency/rollout_train_ratio"),
         "zero_advantage_rate_mean": _mean(metrics, "adv/zero_rate"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtpo.core.methods.rtpo import trunk_outcomes
+from rtpo.core.methods.reverse import trunk_outcomes
 from rtpo.eval import EvalSamples
 
 

@@ -163,3 +163,27 @@ def test_core_imports_no_backend():
 )
 def test_every_module_imports_on_its_own(name):
     importlib.import_module(name)
+
+
+def _method_modules() -> set[str]:
+    from rtpo.core.methods import method_modules
+
+    return {f"rtpo.core.methods.{m}" for m in method_modules()}
+
+
+def _method_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    methods = _method_modules()
+    return sorted((m, t) for m in methods for t in graph[m] if t in methods)
+
+
+def test_no_method_module_imports_another():
+    # a method module imports only rtpo.core.methods.{base, flat, reverse} (SHARED_MODULES) and the core
+    assert len(_method_modules()) >= 10
+    assert _method_imports(GRAPH) == []
+
+
+def test_the_method_import_check_can_fail():
+    # the mutant: the layout this test was written against (gspo subclassing grpo's registered class)
+    graph = {k: set(v) for k, v in GRAPH.items()}
+    graph["rtpo.core.methods.gspo"].add("rtpo.core.methods.grpo")
+    assert _method_imports(graph) == [("rtpo.core.methods.gspo", "rtpo.core.methods.grpo")]

@@ -132,3 +132,24 @@ def test_rtpo_variants_inherit_the_scenarios_rtpo_settings(scenario, tmp_path):
     assert by["rtpo_offpolicy"] == {"name": "rtpo_offpolicy", "G": 3, "epochs": 1}
     assert by["rtpo_sync_kl:kl_threshold=0.1"] == {"name": "rtpo_sync_kl", "G": 3, "epochs": 1, "kl_threshold": 0.1}
     assert by["seeupo"] == {"name": "seeupo"}  # not an RTPO config: its own defaults
+
+
+def test_report_shows_resolved_settings_and_samples_per_turn(tmp_path, capsys):
+    """RTPO inherits the scenario's epochs: 2 while GRPO runs its default 1: both are printed, the
+    difference is called out, and samples per turn are counted from the runs' own batches."""
+    p = tmp_path / "tiny.yaml"
+    p.write_text(SCENARIO.replace("epochs: 1", "epochs: 2"))
+    rc = compare.main([str(p), "--methods", "rtpo,grpo:G=4", "--seeds", "1", "--workers", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    out = next(tmp_path.glob("compare-tiny-*"))
+    rows = {r["method"]: r for r in json.loads((out / "comparison.json").read_text())["rows"]}
+    assert rows["rtpo"]["settings"]["epochs"] == 2 and rows["grpo:G=4"]["settings"]["epochs"] == 1
+    assert rows["rtpo"]["settings"]["G"] == 3 and rows["grpo:G=4"]["settings"]["normalize"] is True
+    # budget 2·(1 + 2·3)·4 = 56: RTPO 2 iterations × 4 queries × (G−1) siblings per turn; GRPO 3 × 4 × 4
+    assert rows["rtpo"]["samples_per_turn"] == {"0": 16.0, "1": 16.0, "2": 16.0}
+    assert rows["grpo:G=4"]["samples_per_turn"] == {"0": 48.0, "1": 48.0, "2": 48.0}
+    md = (out / "comparison.md").read_text()
+    line = "differs between methods: epochs (rtpo 2, grpo:G=4 1)"
+    assert line in md and line in printed
+    assert "- rtpo: epochs=2, " in md and "- grpo:G=4: 0: 48, 1: 48, 2: 48" in md

@@ -5,7 +5,8 @@ import numpy as np
 
 from rtpo.core import estimators
 from rtpo.core.methods.base import IterationState
-from rtpo.core.methods.grpo import GRPO, FlatIteration, trajectory_path
+from rtpo.core.methods.flat import FlatIteration, trajectory_path
+from rtpo.core.methods.grpo import GRPO
 from rtpo.core.methods.rtpo import RTPO
 from rtpo.tabular import TurnMDP, tool_chain
 from tests._method_helpers import make, run, stack

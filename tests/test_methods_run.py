@@ -66,7 +66,7 @@ def test_grpo_rows_are_one_sequence_per_trajectory_with_its_advantage():
     _, _, ctx = stack(K=K, seed=1)
     g = make("grpo", G=4, normalize=False)
     state = g.begin(ctx, np.arange(2))
-    from rtpo.core.methods.grpo import flat_batch, path_return
+    from rtpo.core.methods.flat import flat_batch, path_return
 
     paths = state.data.paths
     returns = np.array([path_return(p) for p in paths]).reshape(2, 4)

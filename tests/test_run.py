@@ -88,8 +88,14 @@ def test_max_rollouts_stops_the_run(tmp_path):
     res = run_scenario(cfg, out_root=tmp_path, progress=False)
     assert res.summary["stopped_by"] == "max_rollouts"
     rollouts = [m["budget/rollouts"] for m in res.metrics]
-    assert rollouts[-1] >= 500 and rollouts[-2] < 500  # stopped at the first phase that spent it
+    K = cfg.task.params.num_turns
+    per_iter = rollouts[K - 1]
+    # stopped at the first iteration boundary that spent it: every begun iteration ran all K phases
+    assert len(rollouts) % K == 0 and rollouts[-1] >= 500 and rollouts[-1] - per_iter < 500
     assert "eval/value" in res.metrics[-1]
+    assert (
+        res.summary["rollouts"] == rollouts[-1] == read_checkpoint(res.run_dir / "checkpoint.pkl")["budget"]["rollouts"]
+    )
 
 
 @pytest.mark.parametrize("every", [1, 4])

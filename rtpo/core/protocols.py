@@ -71,3 +71,49 @@ class Learner(Protocol):
         """Weights and optimiser state for checkpoints."""
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+# -- optional capabilities: a backend object offers one by having the method; the core asks with isinstance --
+
+
+@runtime_checkable
+class FullHistoryEnvironment(Protocol):
+    """An Environment that can also show each episode's full-history context (ψ = identity), beside the
+    ψ-truncated `contexts`; the rollout records both and the flat baselines may train on it (Eq. 2/10)."""
+
+    def full_contexts(self, episodes: Any) -> Ragged:
+        """The full-history context of each episode, as token ids."""
+
+
+@runtime_checkable
+class EntropySampler(Protocol):
+    """A Sampler that reports the normalised entropy of its policy at each context (ARPO's trigger)."""
+
+    def normalized_entropy(self, contexts: Ragged, turn: np.ndarray) -> np.ndarray:
+        """(B,) H(π(·|c)) / log|V| for each context (the tabular sampler: exact; an LLM: an estimate)."""
+
+
+@runtime_checkable
+class EpisodeRunner(Protocol):
+    """A Sampler that runs whole episodes on its own workers (rtpo.distributed); rtpo.core.rollout hands
+    the call to it unchanged, so methods drive local and distributed backends through one function."""
+
+    def run_rollout(
+        self, env: Any, episodes: Any, query_ids: np.ndarray, rng: np.random.Generator, n: int, record_boundaries: bool
+    ) -> Any:
+        """The RolloutResult rtpo.core.rollout would return for these arguments."""
+
+
+@runtime_checkable
+class ReportsMetrics(Protocol):
+    """A context or environment that keeps its own counters (timings, tool calls) and hands them over once."""
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The counters since the last call, then reset."""
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """A built context that holds processes or actors to stop when the run ends."""
+
+    def shutdown(self) -> None: ...

@@ -8,7 +8,7 @@ import numpy as np
 
 from rtpo.core.loss import LossConfig
 from rtpo.core.protocols import Learner
-from rtpo.core.types import Ragged, Trajectory, TurnBatch
+from rtpo.core.types import Ragged, Rollouts, Trajectory, TurnBatch
 
 
 def turn_rows(
@@ -22,10 +22,26 @@ def turn_rows(
     recorded at rollout (Eq. 5, 18: RTPO trains on the same c_k it sampled from).
 
     advantages: (B,) one advantage per row, repeated over the row's tokens.
+    trajectories may be a Rollouts (columns, e.g. a `select` with one episode per row): the batch is
+    then gathered from its row arrays, identical to the per-trajectory build.
     """
     b = len(trajectories)
     turn_offset = np.asarray(turn_offset, dtype=np.int64)
     advantages = np.asarray(advantages, dtype=np.float64).reshape(b)
+    if isinstance(trajectories, Rollouts):  # columns: the same batch as gathers, no loop over rows
+        if turn_offset.shape != (b,) or np.any(turn_offset < 0) or np.any(turn_offset >= trajectories.num_rows):
+            raise IndexError("turn_rows: a turn offset outside its trajectory")
+        rows = trajectories.row_start + turn_offset
+        tok = _as(trajectories.tokens.take(rows), np.int64)
+        return TurnBatch(
+            contexts=_as(trajectories.contexts.take(rows), np.int64),
+            tokens=tok,
+            old_logp=_as(trajectories.logp.take(rows), np.float64),
+            advantages=Ragged(np.repeat(advantages, tok.lengths), tok.offsets),
+            seq_id=np.arange(b, dtype=np.int64) if seq_id is None else seq_id,
+            weight=np.ones(b) if weight is None else weight,
+            turn=trajectories.turn[rows],
+        )
     contexts = [t.contexts[int(j)] for t, j in zip(trajectories, turn_offset)]
     tokens = [t.tokens[int(j)] for t, j in zip(trajectories, turn_offset)]
     logp = [t.logp[int(j)] for t, j in zip(trajectories, turn_offset)]
@@ -39,6 +55,10 @@ def turn_rows(
         weight=np.ones(b) if weight is None else weight,
         turn=np.array([t.start_turn + int(j) for t, j in zip(trajectories, turn_offset)], dtype=np.int64),
     )
+
+
+def _as(r: Ragged, dtype) -> Ragged:
+    return r if r.values.dtype == dtype else Ragged(r.values.astype(dtype), r.offsets)
 
 
 def rollout_train_ratio(learner: Learner, batch: TurnBatch) -> dict[str, float]:
@@ -63,7 +83,8 @@ def ppo_update(
     rng: np.random.Generator,
 ) -> dict[str, float]:
     """E epochs over shuffled minibatches (Algorithm 1 step 2.4).  Minibatches split by sequence, so a
-    multi-row sequence is never cut.  Returns the metrics averaged over all steps."""
+    multi-row sequence is never cut.  Returns the metrics averaged over all steps, plus
+    `samples/turn_<k>`: the batch's rows (training samples) of each turn k present."""
     if epochs < 1:
         raise ValueError("epochs must be >= 1")
     seqs = np.unique(batch.seq_id)
@@ -81,4 +102,7 @@ def ppo_update(
             steps += 1
     out = {k: v / steps for k, v in sums.items()}
     out["train/steps"] = float(steps)
+    # training samples of this update by turn (each counted once, however many epochs reuse it)
+    turns, counts = np.unique(np.asarray(batch.turn, np.int64), return_counts=True)
+    out.update({f"samples/turn_{int(k)}": float(c) for k, c in zip(turns, counts)})
     return out

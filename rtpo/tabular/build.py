@@ -22,14 +22,22 @@ from rtpo.schema import (
     validate_dataclass,
 )
 from rtpo.tabular.backend import TabularEnv, TabularEvaluator, TabularLearner, TabularSampler
+from rtpo.tabular.diagnostic import decompose, decomposition_text
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import LogLinear, SoftmaxTable, TabularPolicy
 from rtpo.tabular.solve import solve, uniform_policy
 from rtpo.tabular.tasks import TASKS, apply_psi, build_task, check_psi
 
+ROLLOUT_PATH = Field(
+    "columnar",
+    description="how methods read rollouts: columnar (arrays end to end, vectorised returns and batches) | "
+    "per_episode (one Trajectory object per episode, the older path); identical results",
+)
+
 
 class TabularBackendConfig(BackendConfig):
     kind: Literal["tabular"] = Field(description="exact finite turn-boundary MDPs")
+    rollout_path: Literal["columnar", "per_episode"] = ROLLOUT_PATH
 
 
 class TabularTaskConfig(BaseModel):
@@ -130,7 +138,8 @@ def assemble(cfg: ScenarioConfig, mdp: TurnMDP, policy: TabularPolicy, env: Any)
     params = policy.init_params(rng)
     learner = TabularLearner(policy, params, lr=cfg.train.lr, optimizer=cfg.train.optimizer)
     sampler = _RecordingSampler(policy, params)
-    ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng)
+    columnar = getattr(cfg.backend, "rollout_path", "columnar") == "columnar"
+    ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng, columnar=columnar)
     evaluator = TabularEvaluator(mdp, policy)
 
     @contextlib.contextmanager
@@ -173,9 +182,30 @@ def _compact_policy(policy: np.ndarray, psi: tuple[np.ndarray, ...], limit: int 
     return lines
 
 
+def initial_policy(cfg: ScenarioConfig, mdp: TurnMDP) -> np.ndarray:
+    """The run's θ0 as a (K, C, A) table: the task's policy initialised from the scenario seed, exactly as
+    `assemble` draws it (tabular_history's shared-θ policy starts uniform at init_scale 0 too)."""
+    policy = make_policy(cfg.task, mdp)
+    return policy.table(policy.init_params(np.random.default_rng(cfg.seed)))
+
+
+def diagnostic_group_size(cfg: ScenarioConfig) -> int:
+    """RTPO's G for the information index: the scenario's own when it runs an RTPO variant, else 3 (the
+    smallest informative group, T2d)."""
+    G = getattr(cfg.method.config, "G", None)
+    return int(G) if cfg.method.name.startswith("rtpo") and G else 3
+
+
+def variance_lines(cfg: ScenarioConfig) -> list[str]:
+    """The exact variance decomposition and information index of the scenario under its initial policy."""
+    mdp = build_mdp(cfg.task)
+    return decomposition_text(decompose(mdp, initial_policy(cfg, mdp)), diagnostic_group_size(cfg))
+
+
 def solve_text(cfg: ScenarioConfig) -> str:
     """V*, the optimum under the scenario's ψ (states pooled by a uniform prefix policy, as RTPO's θ0
-    trunks would at initialisation) and the recursively optimal policy, compactly."""
+    trunks would at initialisation), the recursively optimal policy, compactly, and the variance
+    decomposition of the return under the initial policy (rtpo.tabular.diagnostic)."""
     mdp = build_mdp(cfg.task)
     full = solve(mdp)
     proj = solve(mdp, mdp.psi, prefix_policy=uniform_policy(mdp))
@@ -189,6 +219,7 @@ def solve_text(cfg: ScenarioConfig) -> str:
     ]
     if cfg.task.psi != "identity":
         out += ["recursively optimal psi-policy (context:action):", *_compact_policy(proj.policy, proj.psi)]
+    out += decomposition_text(decompose(mdp, initial_policy(cfg, mdp)), diagnostic_group_size(cfg))
     return "\n".join(out)
 
 
@@ -239,5 +270,6 @@ register_backend(
         solve=solve_text,
         memory=memory_estimate,
         task_schemas=task_schemas,
+        diagnostic=variance_lines,
     ),
 )

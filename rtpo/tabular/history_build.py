@@ -15,12 +15,22 @@ from pydantic import Field
 
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
 from rtpo.schema import BackendConfig, ScenarioConfig
-from rtpo.tabular.build import assemble, build_mdp, memory_estimate, parse_task, solve_text, task_schemas
+from rtpo.tabular.build import (
+    ROLLOUT_PATH,
+    assemble,
+    build_mdp,
+    memory_estimate,
+    parse_task,
+    solve_text,
+    task_schemas,
+    variance_lines,
+)
 from rtpo.tabular.history import FullHistoryEnv, history_policy
 
 
 class TabularHistoryBackendConfig(BackendConfig):
     kind: Literal["tabular_history"] = Field(description="tabular MDPs with full-history contexts beside ψ")
+    rollout_path: Literal["columnar", "per_episode"] = ROLLOUT_PATH
 
 
 def build(cfg: ScenarioConfig) -> BuiltBackend:
@@ -37,5 +47,6 @@ register_backend(
         solve=solve_text,
         memory=memory_estimate,
         task_schemas=task_schemas,
+        diagnostic=variance_lines,
     ),
 )

@@ -15,7 +15,8 @@ import numpy as np
 
 from rtpo.core import methods
 from rtpo.core.methods import RunContext
-from rtpo.core.methods import rtpo as rtpo_mod
+from rtpo.core.methods import base as base_mod
+from rtpo.core.methods import reverse as reverse_mod
 from rtpo.core.types import Ragged, Trajectory, TurnBatch
 from rtpo.tabular import SoftmaxTable, TabularEnv, TabularLearner, TabularSampler, TurnMDP
 from rtpo.tabular.policy import TabularPolicy
@@ -87,8 +88,8 @@ def trajectory_rows(t: Trajectory) -> TurnBatch:
 def spy_phases(ctx: RunContext) -> Iterator[list[PhaseRecord]]:
     """Record every sibling rollout and every PPO batch of RTPO phases run inside the block."""
     records: list[PhaseRecord] = []
-    orig_rollout = rtpo_mod.rollout
-    orig_update = rtpo_mod.ppo_update
+    orig_rollout = base_mod.rollout  # what Method.rollout calls
+    orig_update = reverse_mod.ppo_update  # what ReverseTurn's phase calls
 
     def rollout(env, sampler, episodes, query_ids, rng, n=1, record_boundaries=False):
         res = orig_rollout(env, sampler, episodes, query_ids, rng, n=n, record_boundaries=record_boundaries)
@@ -107,13 +108,13 @@ def spy_phases(ctx: RunContext) -> Iterator[list[PhaseRecord]]:
             records[-1].batches.append(batch)
         return orig_update(learner, batch, loss, epochs, minibatch_size, rng)
 
-    rtpo_mod.rollout = rollout
-    rtpo_mod.ppo_update = ppo_update
+    base_mod.rollout = rollout
+    reverse_mod.ppo_update = ppo_update
     try:
         yield records
     finally:
-        rtpo_mod.rollout = orig_rollout
-        rtpo_mod.ppo_update = orig_update
+        base_mod.rollout = orig_rollout
+        reverse_mod.ppo_update = orig_update
 
 
 def greedy(params_table: np.ndarray) -> np.ndarray:

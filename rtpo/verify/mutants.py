@@ -333,10 +333,11 @@ class _SplitSampler:
     ("test_t3_on_policy.py",),
 )
 def _stale_continuations() -> Undo:
+    from rtpo.core.methods import base as base_mod
     from rtpo.core.methods import rtpo as rtpo_mod
 
     orig_begin = rtpo_mod.RTPO.begin
-    orig_rollout = rtpo_mod.rollout
+    orig_rollout = base_mod.rollout  # what Method.rollout calls
     stale: dict[str, Any] = {"sampler": None}
 
     def begin(self, ctx, query_ids):
@@ -349,7 +350,7 @@ def _stale_continuations() -> Undo:
             sampler = _SplitSampler(sampler, stale["sampler"])
         return orig_rollout(env, sampler, episodes, query_ids, rng, n=n, record_boundaries=record_boundaries)
 
-    return _chain(_set_attr(rtpo_mod.RTPO, "begin", begin), _set_attr(rtpo_mod, "rollout", rollout))
+    return _chain(_set_attr(rtpo_mod.RTPO, "begin", begin), _set_attr(base_mod, "rollout", rollout))
 
 
 # -- importance-weight and clipping mutants ----------------------------------------------------------------
@@ -389,6 +390,51 @@ def _ratio_not_clipped() -> Undo:
         return orig(logp, flat, wide, ref_logp)
 
     return _replace_everywhere(orig, clipped_policy_loss)
+
+
+_DECOMPOSITION = (
+    "rtpo/verify/test_t2b_variance_decomposition.py::test_T2b_variance_decomposition_by_enumeration_eq58",
+)
+
+
+@_mutant(
+    "bernoulli_variance_dropped",
+    "the variance diagnostic takes E[r̃²] = r² for Bernoulli rewards (their p(1−p) noise vanishes)",
+    _DECOMPOSITION,
+    ("test_t2b_variance_decomposition.py",),
+)
+def _bernoulli_variance_dropped() -> Undo:
+    from rtpo.tabular import diagnostic
+
+    orig = diagnostic.reward_second_moment
+
+    def reward_second_moment(mdp, k):
+        r = np.asarray(mdp.reward[k], np.float64)
+        return r * r
+
+    return _replace_everywhere(orig, reward_second_moment)
+
+
+@_mutant(
+    "history_discount_dropped",
+    "the variance diagnostic ignores the discount (γ = 1): a history's γ^{D_k} no longer scales its terms",
+    _DECOMPOSITION,
+    ("test_t2b_variance_decomposition.py",),
+)
+def _history_discount_dropped() -> Undo:
+    from rtpo.tabular import diagnostic
+
+    orig = diagnostic.decompose
+
+    def decompose(mdp, pi, psi=None):
+        from rtpo.tabular.mdp import TurnMDP
+
+        undiscounted = TurnMDP(
+            mdp.succ, mdp.prob, mdp.reward, mdp.tau, mdp.psi, mdp.init, mdp.num_contexts, 1.0, mdp.bernoulli_rewards
+        )
+        return orig(undiscounted, pi, psi)
+
+    return _replace_everywhere(orig, decompose)
 
 
 def ensure_profile() -> None:

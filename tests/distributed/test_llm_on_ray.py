@@ -57,7 +57,7 @@ ray = pytest.importorskip("ray", reason="the distributed extra (ray) is not inst
 pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
 pytest.importorskip("rtpo.llm.env", reason="the LLM backend (rtpo.llm) is not on this branch")
 
-import rtpo.core.methods.rtpo as rtpo_method  # noqa: E402
+import rtpo.core.methods.base as method_base  # noqa: E402
 from rtpo.backends import get_backend  # noqa: E402
 from rtpo.config import load_scenario  # noqa: E402
 from rtpo.distributed import distribute  # noqa: E402
@@ -98,7 +98,7 @@ def _iteration(cfg) -> IterationRecord:
     built = distribute(built, cfg, cfg.backend.distributed, cfg.resources, cfg.backend.address)
     t2 = time.perf_counter()
     ctx, rollouts, phases = built.ctx, [], []
-    real_rollout = rtpo_method.rollout
+    real_rollout = method_base.rollout
 
     def recording(*args, **kw):
         res = real_rollout(*args, **kw)
@@ -108,7 +108,7 @@ def _iteration(cfg) -> IterationRecord:
     pids: list[int] = []
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(rtpo_method, "rollout", recording)
+            mp.setattr(method_base, "rollout", recording)
             method = cfg.method.build()
             state = method.begin(ctx, np.arange(cfg.budget.queries_per_iteration, dtype=np.int64))
             while state.pending:

@@ -11,11 +11,20 @@ import pkgutil
 
 from rtpo.core.methods.base import METHODS, IterationState, Method, RunContext, register_method
 
+# the modules every method may import: the base (Method, its bookkeeping, the registry) and the pieces
+# the flat and the reverse-turn methods share.  Every other module here is one registered method and
+# imports no other method module (tests/test_architecture.py).
+SHARED_MODULES = ("base", "flat", "reverse")
+
+
+def method_modules() -> list[str]:
+    """The names of the method modules (one registered method each), without the package prefix."""
+    return [info.name for info in pkgutil.iter_modules(__path__) if info.name not in SHARED_MODULES]
+
 
 def _import_all() -> None:
-    for info in pkgutil.iter_modules(__path__):
-        if info.name != "base":
-            importlib.import_module(f"{__name__}.{info.name}")
+    for name in method_modules():
+        importlib.import_module(f"{__name__}.{name}")
 
 
 _import_all()

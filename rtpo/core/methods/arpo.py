@@ -11,7 +11,7 @@ the budget is filled with fresh rollouts.  Every rollout's root-to-leaf path is 
 with the plain GRPO advantage over the query's M rows ("soft" attribution: a shared prefix, present in
 several sequences, receives the sum of their advantages).
 
-The entropy comes from the sampler: `Sampler.normalized_entropy(contexts, turn) -> (B,)`, H/log|V|
+The entropy comes from the sampler, an `EntropySampler`: `normalized_entropy(contexts, turn) -> (B,)`, H/log|V|
 (the public code uses the top-k log-probs of the first 20 new tokens; the tabular sampler gives the
 exact entropy of π(·|c_k) / log A).
 """
@@ -24,8 +24,8 @@ import numpy as np
 
 from rtpo.core import estimators
 from rtpo.core.methods.base import IterationState, RunContext, register_method
-from rtpo.core.methods.grpo import GRPO, FlatIteration, FlatUpdateConfig, trajectory_path
-from rtpo.core.rollout import rollout
+from rtpo.core.methods.flat import FlatIteration, FlatUpdateConfig, GroupRelative, trajectory_path
+from rtpo.core.protocols import EntropySampler
 from rtpo.core.types import Ragged
 
 
@@ -57,24 +57,22 @@ def first_branch(p: np.ndarray, u: np.ndarray | None, tau: float) -> int:
 
 
 @register_method("arpo")
-class ARPO(GRPO):
+class ARPO(GroupRelative):
     Config = ARPOConfig
 
     def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
         ctx.sync()
         cfg = self.cfg
-        entropy = getattr(ctx.sampler, "normalized_entropy", None)
-        if entropy is None:
+        if not isinstance(ctx.sampler, EntropySampler):
             raise TypeError(
                 f"arpo needs a sampler with normalized_entropy(contexts, turn); {type(ctx.sampler).__name__} has none"
             )
         query_ids = np.asarray(query_ids, dtype=np.int64)
         q = np.repeat(query_ids, cfg.N)
-        res = rollout(ctx.env, ctx.sampler, ctx.env.reset(q, ctx.rng), q, ctx.rng, record_boundaries=True)
-        ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+        res = self.rollout(ctx, q, record_boundaries=True)
         all_b = [b for row in res.boundaries for b in row]
         h = np.asarray(
-            entropy(
+            ctx.sampler.normalized_entropy(
                 Ragged.from_rows([b.context for b in all_b], dtype=np.int64), np.array([b.k for b in all_b], np.int64)
             ),
             np.float64,
@@ -95,16 +93,14 @@ class ARPO(GRPO):
         group = list(np.repeat(np.arange(nq), cfg.N))
         if forks:
             fq = np.array([t.query_id for _, t, _ in forks], np.int64)
-            br = rollout(ctx.env, ctx.sampler, ctx.env.restore([b.snapshot for _, _, b in forks]), fq, ctx.rng)
-            ctx.budget.charge(len(br.trajectories), br.turns, br.tokens)
+            br = self.rollout(ctx, fq, [b.snapshot for _, _, b in forks])
             for (g, t, b), nt in zip(forks, br.trajectories):
                 paths.append([(t, j) for j in range(b.k - t.start_turn)] + trajectory_path(nt))
                 group.append(g)
         fresh_g = np.repeat(np.arange(nq), slots)
         if fresh_g.size:
             fq = query_ids[fresh_g]
-            fr = rollout(ctx.env, ctx.sampler, ctx.env.reset(fq, ctx.rng), fq, ctx.rng)
-            ctx.budget.charge(len(fr.trajectories), fr.turns, fr.tokens)
+            fr = self.rollout(ctx, fq)
             paths += [trajectory_path(t) for t in fr.trajectories]
             group += list(fresh_g)
         order = np.argsort(np.asarray(group), kind="stable")  # the M rows of each query contiguous

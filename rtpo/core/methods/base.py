@@ -3,6 +3,10 @@
 A method runs one iteration as a list of phases (RTPO: one per turn, K−1 down to 0; GRPO: one).  The
 runner calls `begin` once per iteration and `phase` until nothing is pending, checkpointing between
 phases, so the IterationState must be picklable and a resumed run continues at the next phase.
+
+The bookkeeping lives here, once: `Method.phase` pops the next pending phase and counts it before the
+method's `run_phase` sees it, and `Method.rollout` charges every rollout to the budget.  A method
+implements `begin` and `run_phase` and rolls out only through `self.rollout`, so it can forget neither.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from rtpo.core.budget import Budget
 from rtpo.core.loss import Aggregation, LossConfig, RatioLevel
 from rtpo.core.protocols import Environment, Learner, Sampler
 from rtpo.core.registry import Registry
+from rtpo.core.rollout import RolloutResult, rollout
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,9 @@ class RunContext:
     learner: Learner
     rng: np.random.Generator
     budget: Budget = field(default_factory=Budget)
+    # True: methods read rollouts as columns (rtpo.core.types.Rollouts, vectorised returns and batches);
+    # False: the per-episode path (one Trajectory object per episode).  Same results either way.
+    columnar: bool = True
 
     def sync(self) -> None:
         """Push the learner's weights to the sampler (Algorithm 1 step 2.1)."""
@@ -93,8 +101,34 @@ class Method(ABC):
         """Start an iteration on these queries (generate whatever the phases share)."""
 
     @abstractmethod
+    def run_phase(self, ctx: RunContext, state: IterationState, key: Any) -> dict[str, float]:
+        """Run phase `key` (already popped from state.pending and counted in state.done_phases, which
+        therefore includes this phase) and return its metrics."""
+
     def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
-        """Run the next pending phase (pop it from state.pending) and return its metrics."""
+        """Run the next pending phase: pop it, count it, then `run_phase` (the runner's one entry point)."""
+        key = state.pending.pop(0)
+        state.done_phases += 1
+        return self.run_phase(ctx, state, key)
+
+    def rollout(
+        self,
+        ctx: RunContext,
+        query_ids: np.ndarray,
+        snapshots: list | None = None,
+        n: int = 1,
+        record_boundaries: bool = False,
+    ) -> RolloutResult:
+        """rtpo.core.rollout from fresh episodes of these queries (snapshots None) or from these boundary
+        snapshots, n responses per episode at the first step; the rollouts, turns and tokens it generates
+        are charged to ctx.budget."""
+        q = np.asarray(query_ids, dtype=np.int64)
+        episodes = ctx.env.reset(q, ctx.rng) if snapshots is None else ctx.env.restore(snapshots)
+        res = rollout(ctx.env, ctx.sampler, episodes, q, ctx.rng, n=n, record_boundaries=record_boundaries)
+        if not ctx.columnar and res.columns is not None:
+            res = res.per_episode()
+        ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+        return res
 
     def rollouts_per_query(self, num_turns: int) -> float | None:
         """Rollouts this method plans per query and iteration, where known in advance (equal-budget runs)."""

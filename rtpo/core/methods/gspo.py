@@ -7,10 +7,11 @@ here clip_eps keeps GRPO's default and a scenario sets it."""
 from __future__ import annotations
 
 from rtpo.core.methods.base import register_method
-from rtpo.core.methods.grpo import GRPO
+from rtpo.core.methods.flat import GroupRelative, GRPOConfig
 
 
 @register_method("gspo")
-class GSPO(GRPO):
+class GSPO(GroupRelative):
+    Config = GRPOConfig
     ratio = "sequence"
     aggregation = "seq-mean-token-mean"

@@ -4,160 +4,16 @@ For k = K−1 down to 0: synchronise the sampler to the current θ (θ_{>k}); fo
 trunk boundary at turn k and continue each to the end under π_{θ>k}; advantage A^H_{j,k} = R_j − V̂_k
 with V̂_k the siblings' mean return (Eq. 7, 52); PPO on the siblings' turn-k tokens only (Eq. 6, 80).
 The trunk gets no gradient and is in no baseline.
+
+The iteration is `reverse.ReverseTurn`, shared with the RTPO variants; this module registers it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
-from rtpo.core import estimators
-from rtpo.core.loss import LossConfig
-from rtpo.core.methods.base import IterationState, Method, RunContext, UpdateConfig, register_method
-from rtpo.core.rollout import rollout
-from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
-from rtpo.core.types import ReverseTree
-
-
-@dataclass(frozen=True)
-class RTPOConfig(UpdateConfig):
-    """RTPO's settings (E.3 defaults where the paper gives them); the update settings are UpdateConfig's.
-
-    G:                group size; each boundary gets G−1 on-policy siblings (G ≥ 2; G = 2 is degenerate).
-    trunks_per_query: trunks sampled per query (E.3: 4 for math, 2 for search).
-    estimator:        registered advantage estimator applied to each sibling group.
-    drop_zero_groups: leave groups whose siblings all tie (every A = 0) out of the update.
-    """
-
-    G: int = 4
-    trunks_per_query: int = 1
-    estimator: str = "sibling_mean"
-    drop_zero_groups: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.G < 2:
-            raise ValueError(f"G must be >= 2 (G-1 >= 1 siblings), got {self.G}")
-        if self.trunks_per_query < 1:
-            raise ValueError("trunks_per_query must be >= 1")
-        estimators.get(self.estimator)  # unknown names fail here, listing the valid ones
-
-    def loss(self) -> LossConfig:
-        """Eq. 6: token ratio, mean over siblings of each sibling's token mean."""
-        return self.loss_config("token", "seq-mean-token-mean")
-
-
-def trunk_outcomes(returns: np.ndarray, turns: list[int] | np.ndarray, num_turns: int) -> dict[str, float]:
-    """Trunk outcome statistics (Appendix G, Tables 7, 12, 13): the online success rate (return > 0),
-    and for failed trunks (return <= 0) the share of all trunks failing at each turn k (the turn their
-    episode ended in) and their mean length in turns."""
-    returns = np.asarray(returns, dtype=np.float64)
-    turns = np.asarray(turns, dtype=np.int64)
-    failed = returns <= 0
-    out = {"trunk/success_rate": float((~failed).mean())}
-    for k in range(num_turns):
-        out[f"trunk/fail_turn_{k}"] = float((failed & (turns == k + 1)).mean())
-    if failed.any():
-        out["trunk/failed_turns_mean"] = float(turns[failed].mean())
-    return out
-
-
-@dataclass
-class RTPOIteration:
-    tree: ReverseTree
-    trunk_metrics: dict
+from rtpo.core.methods.base import register_method
+from rtpo.core.methods.reverse import ReverseTurn, RTPOConfig
 
 
 @register_method("rtpo")
-class RTPO(Method):
+class RTPO(ReverseTurn):
     Config = RTPOConfig
-
-    # -- schedule hooks (variants override these, the algorithm body stays one) --------------------
-    def should_sync(self, k: int, state: IterationState) -> bool:
-        """On-policy RTPO pushes θ_{>k} to the sampler before every phase (Algorithm 1 step 2.1)."""
-        return True
-
-    def sibling_returns(self, ctx: RunContext, state: IterationState, k: int, siblings: list) -> np.ndarray:
-        """R_j of each sibling; on-policy the plain return (Eq. 108, ω ≡ 1).  Variants whose sampler is
-        stale (sync schedules, G.6) reweight the continuation here (Eq. 109)."""
-        return np.array([s.ret for s in siblings])
-
-    def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
-        ctx.sync()  # trunks are sampled under the current θ (θ_0 of this iteration)
-        q = np.repeat(np.asarray(query_ids, dtype=np.int64), self.cfg.trunks_per_query)
-        res = rollout(ctx.env, ctx.sampler, ctx.env.reset(q, ctx.rng), q, ctx.rng, record_boundaries=True)
-        ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
-        num_turns = ctx.env.num_turns
-        per_turn: list[list] = [[] for _ in range(num_turns)]
-        for row in res.boundaries:
-            for b in row:
-                per_turn[b.k].append(b)
-        tree = ReverseTree(tuple(res.trajectories), tuple(tuple(r) for r in per_turn))
-        trunk_returns = np.array([t.ret for t in res.trajectories])
-        metrics = {
-            "trunk/return_mean": float(trunk_returns.mean()),
-            **trunk_outcomes(trunk_returns, [t.num_turns for t in res.trajectories], num_turns),
-            "trunk/turns_mean": float(np.mean([t.num_turns for t in res.trajectories])),
-            "trunk/malformed_rate": float(np.mean([t.malformed.mean() for t in res.trajectories])),
-        }
-        return IterationState(pending=list(range(num_turns - 1, -1, -1)), data=RTPOIteration(tree, metrics))
-
-    def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
-        k = state.pending.pop(0)
-        data: RTPOIteration = state.data
-        metrics: dict[str, float] = {"phase/turn": float(k)}
-        if state.done_phases == 0:
-            metrics.update(data.trunk_metrics)
-        state.done_phases += 1
-        if self.should_sync(k, state):
-            ctx.sync()
-            metrics["phase/synced"] = 1.0
-        else:
-            metrics["phase/synced"] = 0.0
-        bounds = data.tree.boundaries[k]
-        metrics["phase/boundaries"] = float(len(bounds))
-        if not bounds:
-            return metrics
-        n = self.cfg.G - 1
-        trunk_q = np.array([data.tree.trunks[b.trunk].query_id for b in bounds], dtype=np.int64)
-        res = rollout(ctx.env, ctx.sampler, ctx.env.restore([b.snapshot for b in bounds]), trunk_q, ctx.rng, n=n)
-        ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
-        sibs = res.trajectories
-        for i, s in enumerate(sibs):  # the sibling must see exactly the trunk's recorded c_k
-            if not np.array_equal(s.contexts[0], bounds[i // n].context):
-                raise RuntimeError(f"sibling context differs from the recorded c_{k}: snapshot/restore is not exact")
-        returns = np.asarray(self.sibling_returns(ctx, state, k, sibs), np.float64).reshape(len(bounds), n)
-        return self.train_on_siblings(ctx, sibs, returns, metrics)
-
-    def train_on_siblings(self, ctx: RunContext, sibs: list, returns: np.ndarray, metrics: dict) -> dict[str, float]:
-        """Algorithm 1 steps 2.3–2.4: the configured estimator on each sibling group (returns: (boundaries,
-        G−1), sibs in the same row-major order), then PPO on the siblings' turn-k tokens only (Eq. 6, 80)."""
-        n = returns.shape[1]
-        adv = estimators.get(self.cfg.estimator)(returns)
-        zero = estimators.zero_advantage_mask(returns)
-        metrics.update(self.advantage_metrics(returns, adv, zero))
-        rows = np.arange(len(sibs))
-        if self.cfg.drop_zero_groups:
-            rows = rows[~np.repeat(zero, n)]
-        if rows.size == 0:
-            return metrics
-        batch = turn_rows([sibs[i] for i in rows], np.zeros(rows.size, np.int64), adv.reshape(-1)[rows])
-        metrics.update(rollout_train_ratio(ctx.learner, batch))
-        metrics.update(
-            ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng)
-        )
-        return metrics
-
-    @staticmethod
-    def advantage_metrics(returns: np.ndarray, adv: np.ndarray, zero: np.ndarray) -> dict[str, float]:
-        return {
-            "return/mean": float(returns.mean()),
-            "adv/zero_rate": float(zero.mean()),
-            "adv/abs_mean": float(np.abs(adv).mean()),
-            "adv/value_std_across_boundaries": float(returns.mean(axis=1).std()),
-        }
-
-    def rollouts_per_query(self, num_turns: int) -> float:
-        """Upper bound: trunks + (G−1) siblings at every boundary, if every trunk reaches every turn."""
-        return self.cfg.trunks_per_query * (1 + (self.cfg.G - 1) * num_turns)

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rtpo.core.methods.base import IterationState, RunContext, register_method
-from rtpo.core.methods.rtpo import RTPO, RTPOConfig, RTPOIteration
-from rtpo.core.rollout import rollout
-from rtpo.core.types import Boundary, ReverseTree
+from rtpo.core.methods.reverse import ReverseTurn, RTPOConfig, RTPOIteration
+from rtpo.core.types import ReverseTree
 
 SELECTION_RULES = ("max_return", "random")
 
@@ -61,7 +60,7 @@ def select_trunks(returns: np.ndarray, keep: int, rule: str, rng: np.random.Gene
 
 
 @register_method("rtpo_multitrunk")
-class RTPOMultiTrunk(RTPO):
+class RTPOMultiTrunk(ReverseTurn):
     Config = RTPOMultiTrunkConfig
 
     def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
@@ -69,17 +68,14 @@ class RTPOMultiTrunk(RTPO):
         cfg = self.cfg
         c = cfg.candidates
         q = np.repeat(np.asarray(query_ids, dtype=np.int64), c)
-        res = rollout(ctx.env, ctx.sampler, ctx.env.reset(q, ctx.rng), q, ctx.rng, record_boundaries=True)
-        ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+        res = self.rollout(ctx, q, record_boundaries=True)
         cand_returns = np.array([t.ret for t in res.trajectories]).reshape(-1, c)
         keep = select_trunks(cand_returns, cfg.trunks_per_query, cfg.select, ctx.rng)
         chosen = (np.arange(len(query_ids))[:, None] * c + keep).reshape(-1)
-        trunks = tuple(res.trajectories[i] for i in chosen)
-        per_turn: list[list] = [[] for _ in range(ctx.env.num_turns)]
-        for new_idx, i in enumerate(chosen):
-            for b in res.boundaries[i]:
-                per_turn[b.k].append(Boundary(trunk=new_idx, k=b.k, snapshot=b.snapshot, context=b.context))
-        tree = ReverseTree(trunks, tuple(tuple(r) for r in per_turn))
+        tree = ReverseTree.from_rollout(
+            [res.trajectories[i] for i in chosen], [res.boundaries[i] for i in chosen], ctx.env.num_turns
+        )
+        trunks = tree.trunks
         kept = np.array([t.ret for t in trunks])
         metrics = {
             "trunk/return_mean": float(kept.mean()),

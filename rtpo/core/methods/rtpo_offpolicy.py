@@ -15,44 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rtpo.core import estimators
 from rtpo.core.methods.base import IterationState, RunContext, register_method
-from rtpo.core.methods.rtpo import RTPO, RTPOConfig, RTPOIteration
-from rtpo.core.protocols import Learner
-from rtpo.core.rollout import rollout
-from rtpo.core.train import turn_rows
-from rtpo.core.types import Ragged, Trajectory, discounted_return
-
-
-def continuation_weight(learner: Learner, siblings: list[Trajectory], rho_min: float, rho_max: float) -> np.ndarray:
-    """ω̄_j of Eq. 105 for each sibling: the product over its continuation turns (after its first turn)
-    of π_learner / π_rollout, clamped.  (n,) ones where a sibling has no continuation."""
-    rows = [(s, j) for s in siblings for j in range(1, s.num_turns)]
-    if not rows:
-        return np.ones(len(siblings))
-    batch = turn_rows([s for s, _ in rows], [j for _, j in rows], np.zeros(len(rows)))
-    new = learner.logprobs(batch).values
-    per_sib = np.array([sum(s.tokens.lengths[1:]) for s in siblings], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(per_sib)])
-    new_d, _ = Ragged(new, offsets).to_dense(0.0)
-    old_d, _ = Ragged(batch.old_logp.values, offsets).to_dense(0.0)
-    if new_d.shape[1] == 0:
-        return np.ones(len(siblings))
-    return estimators.clamped_trajectory_weight(new_d, old_d, rho_min, rho_max)
-
-
-def reweighted_returns(
-    learner: Learner, siblings: list[Trajectory], rho_min: float, rho_max: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """(Q̂^off of Eq. 109 for each sibling, its ω̄).  With a sampler synced to the learner ω̄ ≡ 1 and
-    Q̂^off is the plain return (Eq. 108)."""
-    omega = continuation_weight(learner, siblings, rho_min, rho_max)
-    r_k = np.array([s.rewards[0] for s in siblings])
-    disc = np.array([s.gamma ** s.durations[0] if s.gamma != 1.0 else 1.0 for s in siblings])
-    f = np.array(
-        [discounted_return(s.rewards[1:], s.durations[1:], s.gamma) if s.num_turns > 1 else 0.0 for s in siblings]
-    )
-    return estimators.off_policy_turn_value(r_k, disc, f, omega), omega
+from rtpo.core.methods.reverse import ReverseTurn, RTPOConfig, RTPOIteration, reweighted_returns
 
 
 @dataclass(frozen=True)
@@ -74,7 +38,7 @@ class OffPolicyIteration(RTPOIteration):
 
 
 @register_method("rtpo_offpolicy")
-class RTPOOffPolicy(RTPO):
+class RTPOOffPolicy(ReverseTurn):
     Config = RTPOOffPolicyConfig
 
     def should_sync(self, k: int, state: IterationState) -> bool:
@@ -88,20 +52,17 @@ class RTPOOffPolicy(RTPO):
         sibs: list[list] = [[] for _ in range(tree.num_turns)]
         if bounds:
             q = np.array([tree.trunks[b.trunk].query_id for b in bounds], np.int64)
-            res = rollout(ctx.env, ctx.sampler, ctx.env.restore([b.snapshot for b in bounds]), q, ctx.rng, n=n)
-            ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+            res = self.rollout(ctx, q, [b.snapshot for b in bounds], n=n)
             for i, s in enumerate(res.trajectories):
                 sibs[bounds[i // n].k].append(s)
         state.data = OffPolicyIteration(tree, state.data.trunk_metrics, sibs)
         return state
 
-    def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
-        k = state.pending.pop(0)
+    def run_phase(self, ctx: RunContext, state: IterationState, k: int) -> dict[str, float]:
         data: OffPolicyIteration = state.data
         metrics: dict[str, float] = {"phase/turn": float(k), "phase/synced": 0.0}
-        if state.done_phases == 0:
+        if state.done_phases == 1:  # the iteration's first phase reports the trunks
             metrics.update(data.trunk_metrics)
-        state.done_phases += 1
         sibs = data.siblings[k]
         metrics["phase/boundaries"] = float(len(data.tree.boundaries[k]))
         if not sibs:

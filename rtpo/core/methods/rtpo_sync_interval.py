@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rtpo.core.methods.base import IterationState, RunContext, register_method
-from rtpo.core.methods.rtpo import RTPO, RTPOConfig
-from rtpo.core.methods.rtpo_offpolicy import reweighted_returns
+from rtpo.core.methods.reverse import ReverseTurn, RTPOConfig, reweighted_returns
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class RTPOSyncIntervalConfig(RTPOConfig):
 
 
 @register_method("rtpo_sync_interval")
-class RTPOSyncInterval(RTPO):
+class RTPOSyncInterval(ReverseTurn):
     Config = RTPOSyncIntervalConfig
 
     def should_sync(self, k: int, state: IterationState) -> bool:

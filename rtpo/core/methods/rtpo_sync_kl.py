@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rtpo.core.methods.base import IterationState, RunContext, register_method
-from rtpo.core.methods.rtpo import RTPO, RTPOConfig, RTPOIteration
-from rtpo.core.methods.rtpo_offpolicy import reweighted_returns
+from rtpo.core.methods.reverse import ReverseTurn, RTPOConfig, RTPOIteration, reweighted_returns
 from rtpo.core.train import turn_rows
 
 
@@ -54,7 +53,7 @@ def sampler_drift(ctx: RunContext, trajectories: list) -> float:
 
 
 @register_method("rtpo_sync_kl")
-class RTPOSyncKL(RTPO):
+class RTPOSyncKL(ReverseTurn):
     Config = RTPOSyncKLConfig
 
     def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
@@ -66,13 +65,13 @@ class RTPOSyncKL(RTPO):
     def should_sync(self, k: int, state: IterationState) -> bool:
         return state.data.sync_now
 
-    def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
+    def run_phase(self, ctx: RunContext, state: IterationState, k: int) -> dict[str, float]:
         data: KLIteration = state.data
         kl = sampler_drift(ctx, data.since_sync)
         data.sync_now = kl > self.cfg.kl_threshold
         if data.sync_now:
             data.since_sync = []
-        metrics = super().phase(ctx, state)
+        metrics = super().run_phase(ctx, state, k)
         metrics["sync/kl_estimate"] = kl
         return metrics
 

@@ -20,8 +20,7 @@ import numpy as np
 from rtpo.core import estimators
 from rtpo.core.loss import LossConfig
 from rtpo.core.methods.base import IterationState, Method, RunContext, register_method
-from rtpo.core.methods.grpo import FlatUpdateConfig, training_contexts
-from rtpo.core.rollout import rollout
+from rtpo.core.methods.flat import FlatUpdateConfig, training_contexts
 from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
 from rtpo.core.types import Ragged, TurnBatch
 
@@ -67,8 +66,7 @@ class SeeUPO(Method):
     def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
         ctx.sync()  # the only sync of the iteration
         q = np.repeat(np.asarray(query_ids, dtype=np.int64), self.cfg.G)
-        res = rollout(ctx.env, ctx.sampler, ctx.env.reset(q, ctx.rng), q, ctx.rng)
-        ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+        res = self.rollout(ctx, q)
         returns = np.array([t.ret for t in res.trajectories])
         task_mean = np.repeat(returns.reshape(-1, self.cfg.G).mean(axis=1), self.cfg.G)
         pairs = [(i, j) for i, t in enumerate(res.trajectories) for j in range(t.num_turns)]
@@ -82,9 +80,7 @@ class SeeUPO(Method):
         )
         return IterationState(pending=list(range(ctx.env.num_turns - 1, -1, -1)), data=data)
 
-    def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
-        k = state.pending.pop(0)
-        state.done_phases += 1
+    def run_phase(self, ctx: RunContext, state: IterationState, k: int) -> dict[str, float]:
         d: SeeUPOIteration = state.data
         metrics: dict[str, float] = {"phase/turn": float(k), "phase/synced": 0.0}
         idx = np.flatnonzero(d.rows.turn == k)

@@ -17,9 +17,7 @@ import numpy as np
 
 from rtpo.core import estimators
 from rtpo.core.methods.base import IterationState, RunContext, register_method
-from rtpo.core.methods.grpo import GRPO, FlatIteration, FlatUpdateConfig, flat_batch, path_return
-from rtpo.core.rollout import rollout
-from rtpo.core.train import ppo_update, rollout_train_ratio
+from rtpo.core.methods.flat import FlatIteration, FlatUpdateConfig, GroupRelative, path_return
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ def expansion_candidates(nodes: list[_Node]) -> list[tuple[int, int]]:
 
 
 @register_method("tree_grpo")
-class TreeGRPO(GRPO):
+class TreeGRPO(GroupRelative):
     Config = TreeGRPOConfig
 
     def leaves_per_tree(self) -> int:
@@ -69,8 +67,7 @@ class TreeGRPO(GRPO):
         ctx.sync()
         cfg = self.cfg
         q = np.repeat(np.asarray(query_ids, dtype=np.int64), cfg.M)
-        res = rollout(ctx.env, ctx.sampler, ctx.env.reset(q, ctx.rng), q, ctx.rng, record_boundaries=True)
-        ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+        res = self.rollout(ctx, q, record_boundaries=True)
         trees = [[_Node([(t, j) for j in range(t.num_turns)], b, t)] for t, b in zip(res.trajectories, res.boundaries)]
         for _ in range(cfg.L):
             forks = []  # (tree, node, fork turn)
@@ -82,8 +79,7 @@ class TreeGRPO(GRPO):
                 continue
             snaps = [trees[ti][ni].boundaries[b - trees[ti][ni].traj.start_turn].snapshot for ti, ni, b in forks]
             fq = np.array([trees[ti][0].traj.query_id for ti, _, _ in forks], np.int64)
-            new = rollout(ctx.env, ctx.sampler, ctx.env.restore(snaps), fq, ctx.rng, record_boundaries=True)
-            ctx.budget.charge(len(new.trajectories), new.turns, new.tokens)
+            new = self.rollout(ctx, fq, snaps, record_boundaries=True)
             for (ti, ni, b), t, bs in zip(forks, new.trajectories, new.boundaries):
                 prefix = [(pt, j) for pt, j in trees[ti][ni].path if pt.start_turn + j < b]
                 trees[ti].append(_Node(prefix + [(t, j) for j in range(t.num_turns)], bs, t))
@@ -92,9 +88,7 @@ class TreeGRPO(GRPO):
         metrics = {"tree/prefix_rows_mean": float(np.mean([len(p) for p in paths]))}
         return IterationState(pending=["update"], data=FlatIteration(paths, qs, metrics))
 
-    def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
-        state.pending.pop(0)
-        state.done_phases += 1
+    def run_phase(self, ctx: RunContext, state: IterationState, key: object) -> dict[str, float]:
         data: FlatIteration = state.data
         cfg = self.cfg
         returns = np.array([path_return(p) for p in data.paths]).reshape(-1, cfg.M, self.leaves_per_tree())
@@ -107,10 +101,7 @@ class TreeGRPO(GRPO):
             "adv/zero_rate": float(estimators.zero_advantage_mask(flat_r).mean()),
             "adv/abs_mean": float(np.abs(adv).mean()),
         }
-        batch = flat_batch(data.paths, adv.reshape(-1), cfg.train_context)
-        metrics.update(rollout_train_ratio(ctx.learner, batch))
-        metrics.update(ppo_update(ctx.learner, batch, self.loss(), cfg.epochs, cfg.minibatch_size, ctx.rng))
-        return metrics
+        return self.update(ctx, data.paths, adv.reshape(-1), metrics)
 
     def rollouts_per_query(self, num_turns: int) -> float:
         return float(self.cfg.M * self.leaves_per_tree())
