@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rtpo import compare
-from rtpo.checkpoint import read_checkpoint
+from rtpo.checkpoint import latest_path, read_checkpoint
 from rtpo.run import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def _check_row(row: dict, budget: int, per_iteration: int, phases_per_iteration:
     assert not row["failed"], row["failed"]
     (seed,) = row["per_seed"]
     run_dir = Path(seed["run_dir"])
-    ckpt = read_checkpoint(run_dir / "checkpoint.pkl")
+    ckpt = read_checkpoint(latest_path(run_dir))
     metrics = read_metrics(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     spent = ckpt["budget"]["rollouts"]

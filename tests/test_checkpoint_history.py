@@ -217,15 +217,15 @@ def test_resume_with_a_larger_budget_equals_one_longer_run(tmp_path):
     assert json.loads((short.run_dir / "summary.json").read_text())["iterations_done"] == 4
 
 
-def test_resume_with_a_larger_rollout_cap_continues_mid_iteration(tmp_path):
+def test_resume_with_a_larger_rollout_cap_equals_one_longer_run(tmp_path):
     base = [*SMALL, "budget.iterations=5"]
-    capped = run_scenario(
-        load_scenario(None, [*base, "budget.max_rollouts=150"]), out_root=tmp_path / "c", progress=False
-    )
-    assert capped.summary["stopped_by"] == "max_rollouts"
-    assert latest_name(capped.run_dir).count("_phase_") == 1  # it stopped inside an iteration
-    assert main(["run", "--resume", str(capped.run_dir), "budget.max_rollouts=null", "--no-progress"]) == 0
     full = run_scenario(load_scenario(None, base), out_root=tmp_path / "f", progress=False)
+    cap = full.metrics[2 * K - 1]["budget/rollouts"]  # spent by the end of iteration 2 (checked at boundaries)
+    capped = run_scenario(
+        load_scenario(None, [*base, f"budget.max_rollouts={cap}"]), out_root=tmp_path / "c", progress=False
+    )
+    assert capped.summary["stopped_by"] == "max_rollouts" and len(capped.metrics) == 2 * K
+    assert main(["run", "--resume", str(capped.run_dir), "budget.max_rollouts=null", "--no-progress"]) == 0
     assert _untimed(read_metrics(capped.run_dir)) == _untimed(full.metrics)
     np.testing.assert_array_equal(_params(capped.run_dir), _params(full.run_dir))
 

@@ -93,9 +93,7 @@ def test_max_rollouts_stops_the_run(tmp_path):
     # stopped at the first iteration boundary that spent it: every begun iteration ran all K phases
     assert len(rollouts) % K == 0 and rollouts[-1] >= 500 and rollouts[-1] - per_iter < 500
     assert "eval/value" in res.metrics[-1]
-    assert (
-        res.summary["rollouts"] == rollouts[-1] == read_checkpoint(res.run_dir / "checkpoint.pkl")["budget"]["rollouts"]
-    )
+    assert res.summary["rollouts"] == rollouts[-1] == read_checkpoint(latest_path(res.run_dir))["budget"]["rollouts"]
 
 
 @pytest.mark.parametrize("every", [1, 4])
