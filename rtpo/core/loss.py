@@ -60,6 +60,8 @@ class FlatBatch:
     """A TurnBatch's token-level view as torch tensors (N tokens, S sequences).
 
     old_logp, advantages, weight: (N,) float64; token_seq: (N,) int64 in [0, S).
+    one_token_seqs: token i is the whole of sequence i (token_seq = 0..N−1, e.g. tabular RTPO rows),
+    so a sequence mean is the token itself and is not computed.
     """
 
     old_logp: torch.Tensor
@@ -67,22 +69,34 @@ class FlatBatch:
     weight: torch.Tensor
     token_seq: torch.Tensor
     num_seqs: int
+    one_token_seqs: bool = False
 
     @staticmethod
     def from_batch(batch: TurnBatch, dtype: torch.dtype = torch.float64) -> FlatBatch:
         lengths = batch.tokens.lengths
-        _, seq_index = np.unique(batch.seq_id, return_inverse=True)
+        seq_id = batch.seq_id
+        if seq_id.size and np.all(seq_id[1:] > seq_id[:-1]):  # distinct and increasing: its own inverse
+            seq_index = np.arange(seq_id.size)
+        else:
+            _, seq_index = np.unique(seq_id, return_inverse=True)
         token_seq = np.repeat(seq_index, lengths)
+        num_seqs = int(seq_index.max()) + 1 if seq_index.size else 0
         return FlatBatch(
             old_logp=torch.tensor(batch.old_logp.values, dtype=dtype),
             advantages=torch.tensor(batch.advantages.values, dtype=dtype),
             weight=torch.as_tensor(np.repeat(batch.weight, lengths), dtype=dtype),
             token_seq=torch.as_tensor(token_seq, dtype=torch.int64),
-            num_seqs=int(seq_index.max()) + 1 if seq_index.size else 0,
+            num_seqs=num_seqs,
+            one_token_seqs=bool(num_seqs == token_seq.size and np.array_equal(token_seq, np.arange(num_seqs))),
         )
 
 
-def _segment_mean(x: torch.Tensor, seg: torch.Tensor, num: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _segment_mean(
+    x: torch.Tensor, seg: torch.Tensor, num: int, identity: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean of x over each segment (and the segment sizes); identity: segment i is element i alone."""
+    if identity:
+        return x, torch.ones_like(x)
     total = torch.zeros(num, dtype=x.dtype, device=x.device).index_add(0, seg, x)
     count = torch.zeros(num, dtype=x.dtype, device=x.device).index_add(0, seg, torch.ones_like(x))
     return total / count, count
@@ -107,7 +121,7 @@ def clipped_policy_loss(
     if cfg.log_ratio_clip is not None:
         log_ratio = log_ratio.clamp(-cfg.log_ratio_clip, cfg.log_ratio_clip)
     if cfg.ratio == "sequence":
-        seq_log_ratio, _ = _segment_mean(log_ratio, flat.token_seq, flat.num_seqs)
+        seq_log_ratio, _ = _segment_mean(log_ratio, flat.token_seq, flat.num_seqs, flat.one_token_seqs)
         log_ratio = seq_log_ratio[flat.token_seq]
     ratio = torch.exp(log_ratio)
     hi = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
@@ -117,7 +131,7 @@ def clipped_policy_loss(
     if cfg.aggregation == "token-mean":
         objective = surrogate.mean()
     else:
-        per_seq, _ = _segment_mean(surrogate, flat.token_seq, flat.num_seqs)
+        per_seq, _ = _segment_mean(surrogate, flat.token_seq, flat.num_seqs, flat.one_token_seqs)
         objective = per_seq.mean()
     loss = -objective
 

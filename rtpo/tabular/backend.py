@@ -184,7 +184,8 @@ class TabularSampler:
         u = rng.random((lp.shape[0], n)) * cum[:, -1:]
         a = np.minimum((cum[:, None, :] <= u[:, :, None]).sum(axis=2), lp.shape[1] - 1)  # (B, n)
         chosen = np.take_along_axis(lp, a, axis=1)
-        return Generation(Ragged.from_dense(a.reshape(-1, 1)), Ragged.from_dense(chosen.reshape(-1, 1)))
+        tokens = Ragged.from_dense(a.reshape(-1, 1))
+        return Generation(tokens, Ragged._owned(chosen.reshape(-1), tokens.offsets))
 
 
 class TabularLearner:
@@ -215,12 +216,11 @@ class TabularLearner:
         lo, hi = torch.aminmax(turn) if turn.numel() else (turn.new_zeros(()), turn.new_ones(()))
         if int(lo) == int(hi):  # one turn (an RTPO phase): its table alone, no split and merge
             return self.parts[int(lo)][ctx]
-        rows, chunks = [], []
-        for k in torch.unique(turn).tolist():
-            r = torch.nonzero(turn == k).squeeze(1)
-            rows.append(r)
-            chunks.append(self.parts[k][ctx[r]])
-        return torch.cat(chunks)[torch.argsort(torch.cat(rows))]
+        # the tables of the turns present, stacked: one gather, and absent turns stay out of the graph
+        present = torch.unique(turn)
+        where = torch.full((len(self.parts),), -1, dtype=torch.int64)
+        where[present] = torch.arange(present.numel())
+        return torch.stack([self.parts[k] for k in present.tolist()])[where[turn], ctx]
 
     def _token_logp(self, batch: TurnBatch, params: torch.Tensor | None = None) -> torch.Tensor:
         if not batch.tokens.is_uniform(1):
@@ -230,7 +230,7 @@ class TabularLearner:
             lp = torch.log_softmax(self._logits(turn, ctx), dim=-1)
         else:
             lp = self.policy.log_probs(params, turn, ctx)
-        return lp.gather(1, torch.tensor(batch.tokens.values)[:, None]).squeeze(1)
+        return lp.gather(1, torch.tensor(batch.tokens.values, dtype=torch.int64)[:, None]).squeeze(1)
 
     def logprobs(self, batch: TurnBatch) -> Ragged:
         with torch.no_grad():
