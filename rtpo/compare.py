@@ -601,7 +601,7 @@ def write_plots(outcomes: list[Outcome], rows: list[dict], meta: dict, out: Path
                     if "eval/v_star_psi" in c and c.get("eval/v_star")
                 ]
                 if psi and psi[0] < 1 - 1e-9:
-                    ax.axhline(psi[0], color="k", ls=":", lw=1, label="V*_ψ")
+                    ax.axhline(psi[0], color="k", ls=":", lw=1, label="V*_ψ (recursive optimum)")
             else:
                 ax.axhline(1.0, color="k", ls="--", lw=1)
             title = meta["scenario"] if point is None else f"{meta['scenario']}  {meta['sweep_key']}={point}"
