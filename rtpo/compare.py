@@ -185,8 +185,7 @@ def build_jobs(
         budget = _plan_budget(base_cfg, num_turns)
         budgets[str(point)] = budget
         diagnostic = get_backend(base_cfg.backend.kind).diagnostic
-        if diagnostic is not None:
-            diagnostics[str(point)] = diagnostic(base_cfg)
+        diag_cfg = base_cfg  # replaced by the first compared RTPO variant's, so the index uses its G
         for label, (name, kv) in zip(labels, specs):
             from rtpo.core import methods
 
@@ -210,6 +209,8 @@ def build_jobs(
                     cfg = parse_scenario(d)
                 except ConfigError as e:
                     raise ConfigError(f"--methods {label}: {e}") from None
+                if i == 0 and name.startswith("rtpo") and diag_cfg is base_cfg:
+                    diag_cfg = cfg
                 jobs.append(
                     Job(
                         label,
@@ -222,6 +223,8 @@ def build_jobs(
                         resolved_settings(cfg),
                     )
                 )
+        if diagnostic is not None:
+            diagnostics[str(point)] = diagnostic(diag_cfg)
     return jobs, {"scenario": stem, "budgets": budgets, "diagnostics": diagnostics}
 
 
