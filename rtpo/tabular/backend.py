@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
+from rtpo.core.loss import FlatBatch, LossConfig, policy_loss
 from rtpo.core.types import Generation, Ragged, StepOutcome, TurnBatch
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import TabularPolicy
@@ -197,7 +197,7 @@ class TabularLearner:
         if loss.kl_coef > 0:
             with torch.no_grad():
                 ref = self._token_logp(batch, self.ref_params)
-        value, metrics = clipped_policy_loss(logp, flat, loss, ref)
+        value, metrics = policy_loss(logp, flat, loss, ref)
         self.opt.zero_grad(set_to_none=True)
         value.backward()
         grads = [p.grad for p in self.parts if p.grad is not None]
