@@ -232,14 +232,32 @@ def suggest(word: Any, valid) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model a nested error location points into (task.fields -> FieldsSection), or None."""
+    import typing
+
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        ann = field.annotation
+        cands = [ann, *typing.get_args(ann)]  # `X | None`
+        nxt = next((c for c in cands if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nxt is None:
+            return None
+        model = nxt
+    return model
+
+
 def pydantic_error(e: ValidationError, prefix: str, model: type[BaseModel] | None = None) -> ConfigError:
     """The first error of a pydantic ValidationError as a one-line ConfigError under `prefix`."""
     err = e.errors()[0]
     loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
     if err["type"] == "extra_forbidden":
         hint = ""
-        if model is not None and len(err["loc"]) == 1:
-            hint = suggest(err["loc"][0], model.model_fields)
+        sub = _model_at(model, err["loc"][:-1]) if model is not None else None
+        if sub is not None:
+            hint = suggest(err["loc"][-1], sub.model_fields)
         return ConfigError(f"{loc}: unknown key{hint}")
     if err["type"] == "missing":
         return ConfigError(f"{loc}: required key missing")

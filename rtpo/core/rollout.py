@@ -2,19 +2,21 @@
 
 One call runs every episode of a batch turn by turn: at each step one Sampler.generate over all live
 episodes, one Environment.step, and finished episodes drop out.  Records are kept column-wise per
-step and assembled into Trajectories once at the end, so the per-turn cost is array work, not a
-Python loop over episodes.
+step and assembled once at the end into columns (rtpo.core.types.Rollouts: one row per turn), so
+neither the per-turn cost nor the assembly is a Python loop over episodes; a Trajectory object is built
+only for code that asks for one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rtpo.core.protocols import Environment, EpisodeRunner, FullHistoryEnvironment, Sampler
-from rtpo.core.types import Boundary, Ragged, Trajectory
+from rtpo.core.types import Boundary, Ragged, Rollouts, Trajectory
 
 
 @dataclass(frozen=True)
@@ -23,12 +25,38 @@ class RolloutResult:
 
     boundaries[i][j] is the boundary before turn start_turn+j of episode i (only when recorded).
     tokens: number of response tokens generated; turns: number of turns generated.
+    columns: the same episodes as columns (rtpo.core.types.Rollouts), when the rollout was run here;
+             then `trajectories` is that Rollouts itself (a Sequence building each Trajectory on
+             demand) and `boundaries` builds each episode's list on demand.  None for results
+             assembled elsewhere (distributed runners), whose trajectories are a plain list.
     """
 
-    trajectories: list[Trajectory]
-    boundaries: list[list[Boundary]] | None
+    trajectories: Sequence[Trajectory]
+    boundaries: Sequence[list[Boundary]] | None
     tokens: int
     turns: int
+    columns: Rollouts | None = None
+
+    def per_episode(self) -> RolloutResult:
+        """The same result with one eager Trajectory (and list of Boundary) per episode and no columns:
+        the per-episode path, which methods follow when columns is None."""
+        bounds = None if self.boundaries is None else [list(b) for b in self.boundaries]
+        return RolloutResult(list(self.trajectories), bounds, self.tokens, self.turns, None)
+
+
+class _EpisodeBoundaries(Sequence):
+    """boundaries[e] of a columnar rollout, built when asked for."""
+
+    def __init__(self, columns: Rollouts) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __getitem__(self, e):
+        if isinstance(e, slice):
+            return [self[i] for i in range(len(self))[e]]
+        return self.columns.boundaries_of(e)
 
 
 def rollout(
@@ -73,7 +101,7 @@ def rollout(
             contexts = contexts.take(rep)
             turn = turn[rep]
             if snaps is not None:
-                snaps = [snaps[i] for i in rep]
+                snaps = snaps[rep] if isinstance(snaps, np.ndarray) else [snaps[i] for i in rep]
             if full is not None:
                 full = full.take(rep)
         else:
@@ -102,57 +130,45 @@ def rollout(
 
 
 def _assemble(steps, num, query_ids, start_turn, gamma, record_boundaries) -> RolloutResult:
+    """The per-step records as one Rollouts: rows sorted episode by episode (a stable sort, so each
+    episode's rows stay in turn order), no per-episode objects."""
     ids = np.concatenate([s["ids"] for s in steps])
     order = np.argsort(ids, kind="stable")  # steps are in time order, so each episode stays ordered
-    ids_sorted = ids[order]
-    counts = np.bincount(ids_sorted, minlength=num)
+    counts = np.bincount(ids, minlength=num)
     bounds = np.zeros(num + 1, dtype=np.int64)
     np.cumsum(counts, out=bounds[1:])
-    contexts = Ragged.concat([s["contexts"] for s in steps]).take(order)
-    full = Ragged.concat([s["full"] for s in steps]).take(order) if steps[0]["full"] is not None else None
-    tokens = Ragged.concat([s["tokens"] for s in steps]).take(order)
-    logp = Ragged.concat([s["logp"] for s in steps]).take(order)
     turn = np.concatenate([s["turn"] for s in steps])[order]
-    reward = np.concatenate([s["reward"] for s in steps])[order]
-    duration = np.concatenate([s["duration"] for s in steps])[order]
-    malformed = np.concatenate([s["malformed"] for s in steps])[order]
-    snaps = None
-    if record_boundaries:
-        flat_snaps = [x for s in steps for x in s["snaps"]]
-        snaps = [flat_snaps[i] for i in order]
-
     # every step of an episode advances its turn by one (checked once, vectorised)
     local = np.arange(ids.size) - np.repeat(bounds[:-1], counts)
     if not np.array_equal(turn, np.repeat(start_turn, counts) + local):
         raise RuntimeError("environment turn index did not advance by one per step")
-    trajectories: list[Trajectory] = []
-    boundaries: list[list[Boundary]] | None = [] if record_boundaries else None
-    for e in range(num):
-        lo, hi = int(bounds[e]), int(bounds[e + 1])
-        trajectories.append(
-            Trajectory(
-                contexts=_rows(contexts, lo, hi),
-                tokens=_rows(tokens, lo, hi),
-                logp=_rows(logp, lo, hi),
-                rewards=reward[lo:hi],
-                durations=duration[lo:hi],
-                malformed=malformed[lo:hi],
-                query_id=int(query_ids[e]),
-                start_turn=int(start_turn[e]),
-                gamma=gamma,
-                full_contexts=_rows(full, lo, hi) if full is not None else None,
-            )
-        )
-        if boundaries is not None:
-            boundaries.append(
-                [Boundary(trunk=e, k=int(turn[i]), snapshot=snaps[i], context=contexts[i]) for i in range(lo, hi)]
-            )
-    return RolloutResult(trajectories, boundaries, tokens=int(tokens.values.size), turns=int(ids.size))
-
-
-def _rows(r: Ragged, lo: int, hi: int) -> Ragged:
-    """Rows lo..hi-1 of r, which are contiguous after the episode sort: a slice, not a gather."""
-    off = r.offsets[lo : hi + 1]
-    rebased = off - off[0]
-    rebased.flags.writeable = False
-    return Ragged._unchecked(r.values[off[0] : off[-1]], rebased)  # a read-only view of a checked Ragged
+    snaps = None
+    if record_boundaries:
+        if all(isinstance(s["snaps"], np.ndarray) for s in steps):
+            snaps = np.concatenate([s["snaps"] for s in steps])[order]
+        else:
+            flat_snaps = [x for s in steps for x in s["snaps"]]
+            snaps = [flat_snaps[i] for i in order]
+    cols = Rollouts(
+        turn=turn,
+        contexts=Ragged.concat([s["contexts"] for s in steps]).take(order),
+        tokens=Ragged.concat([s["tokens"] for s in steps]).take(order),
+        logp=Ragged.concat([s["logp"] for s in steps]).take(order),
+        reward=np.concatenate([s["reward"] for s in steps])[order],
+        duration=np.concatenate([s["duration"] for s in steps])[order],
+        malformed=np.concatenate([s["malformed"] for s in steps])[order],
+        full_contexts=Ragged.concat([s["full"] for s in steps]).take(order) if steps[0]["full"] is not None else None,
+        snapshots=snaps,
+        row_start=bounds[:-1],
+        num_rows=counts,
+        query_id=query_ids,
+        start_turn=start_turn,
+        gamma=gamma,
+    )
+    return RolloutResult(
+        cols,
+        _EpisodeBoundaries(cols) if record_boundaries else None,
+        tokens=int(cols.tokens.values.size),
+        turns=int(ids.size),
+        columns=cols,
+    )

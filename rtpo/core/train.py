@@ -8,7 +8,7 @@ import numpy as np
 
 from rtpo.core.loss import LossConfig
 from rtpo.core.protocols import Learner
-from rtpo.core.types import Ragged, Trajectory, TurnBatch
+from rtpo.core.types import Ragged, Rollouts, Trajectory, TurnBatch
 
 
 def turn_rows(
@@ -22,10 +22,26 @@ def turn_rows(
     recorded at rollout (Eq. 5, 18: RTPO trains on the same c_k it sampled from).
 
     advantages: (B,) one advantage per row, repeated over the row's tokens.
+    trajectories may be a Rollouts (columns, e.g. a `select` with one episode per row): the batch is
+    then gathered from its row arrays, identical to the per-trajectory build.
     """
     b = len(trajectories)
     turn_offset = np.asarray(turn_offset, dtype=np.int64)
     advantages = np.asarray(advantages, dtype=np.float64).reshape(b)
+    if isinstance(trajectories, Rollouts):  # columns: the same batch as gathers, no loop over rows
+        if turn_offset.shape != (b,) or np.any(turn_offset < 0) or np.any(turn_offset >= trajectories.num_rows):
+            raise IndexError("turn_rows: a turn offset outside its trajectory")
+        rows = trajectories.row_start + turn_offset
+        tok = _as(trajectories.tokens.take(rows), np.int64)
+        return TurnBatch(
+            contexts=_as(trajectories.contexts.take(rows), np.int64),
+            tokens=tok,
+            old_logp=_as(trajectories.logp.take(rows), np.float64),
+            advantages=Ragged(np.repeat(advantages, tok.lengths), tok.offsets),
+            seq_id=np.arange(b, dtype=np.int64) if seq_id is None else seq_id,
+            weight=np.ones(b) if weight is None else weight,
+            turn=trajectories.turn[rows],
+        )
     contexts = [t.contexts[int(j)] for t, j in zip(trajectories, turn_offset)]
     tokens = [t.tokens[int(j)] for t, j in zip(trajectories, turn_offset)]
     logp = [t.logp[int(j)] for t, j in zip(trajectories, turn_offset)]
@@ -39,6 +55,10 @@ def turn_rows(
         weight=np.ones(b) if weight is None else weight,
         turn=np.array([t.start_turn + int(j) for t, j in zip(trajectories, turn_offset)], dtype=np.int64),
     )
+
+
+def _as(r: Ragged, dtype) -> Ragged:
+    return r if r.values.dtype == dtype else Ragged(r.values.astype(dtype), r.offsets)
 
 
 def rollout_train_ratio(learner: Learner, batch: TurnBatch) -> dict[str, float]:

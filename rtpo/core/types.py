@@ -93,6 +93,17 @@ class Ragged:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def rows(self, lo: int, hi: int) -> Ragged:
+        """Rows lo..hi-1, contiguous: a read-only view (a slice, not a gather)."""
+        off = self.offsets[lo : hi + 1]
+        rebased = off - off[0]
+        rebased.flags.writeable = False
+        return Ragged._unchecked(self.values[off[0] : off[-1]], rebased)
+
+    def equals(self, other: Ragged) -> bool:
+        """Same rows with the same values."""
+        return bool(np.array_equal(self.offsets, other.offsets) and np.array_equal(self.values, other.values))
+
     def take(self, idx: np.ndarray) -> Ragged:
         """Rows idx (any order, repeats allowed), vectorised."""
         idx = np.asarray(idx, dtype=np.int64)
@@ -249,6 +260,238 @@ def discounted_return(rewards: np.ndarray, durations: np.ndarray, gamma: float) 
     return float(np.sum(rewards * gamma**elapsed))
 
 
+def segment_returns(
+    reward: np.ndarray, duration: np.ndarray, start: np.ndarray, count: np.ndarray, gamma: float
+) -> np.ndarray:
+    """R = Σ_j γ^{Σ_{m<j} τ_m} r_j of each segment of rows start[i] .. start[i]+count[i]−1 (SPEC §1,
+    Eq. 19-20), vectorised over segments.
+
+    Bit-identical to discounted_return on each segment: segments of equal length L are summed as one
+    (m, L) block, whose row sums numpy reduces exactly as it reduces one length-L array, and elapsed
+    durations are integers, so differences of their running sums are exact."""
+    reward = np.asarray(reward, dtype=np.float64)
+    start = np.asarray(start, dtype=np.int64)
+    count = np.asarray(count, dtype=np.int64)
+    first = np.cumsum(count) - count  # where each segment starts in the gathered layout
+    rows = np.repeat(start - first, count) + np.arange(int(count.sum()))
+    v = reward[rows]
+    if gamma != 1.0:
+        before = np.cumsum(duration, dtype=np.float64) - np.asarray(duration, np.float64)
+        elapsed = before[rows] - np.repeat(before[start], count)
+        v = v * gamma**elapsed
+    out = np.zeros(start.size)
+    for length in np.unique(count):
+        sel = np.flatnonzero(count == length)
+        out[sel] = v[first[sel, None] + np.arange(length)].sum(axis=1)
+    return out
+
+
+class Rollouts(Sequence):
+    """The episodes of one rollout call as columns: one row per generated turn, never one Python object
+    per episode.  It is a Sequence[Trajectory]: indexing builds that episode's Trajectory on demand, so
+    code written for per-episode trajectories reads it unchanged.
+
+    Rows (N): turn, contexts, tokens, logp (Ragged, N rows each), reward, duration, malformed,
+              optionally full_contexts (Ragged) and snapshots (one per row: the snapshot of the boundary
+              before that turn, an (N, ...) array or a length-N list).
+    Episodes (E): episode e is the rows row_start[e] .. row_start[e] + num_rows[e] − 1 (in turn order),
+              query_id[e], start_turn[e].  `select` re-indexes episodes without copying any row.
+    """
+
+    __slots__ = (
+        "turn",
+        "contexts",
+        "tokens",
+        "logp",
+        "reward",
+        "duration",
+        "malformed",
+        "full_contexts",
+        "snapshots",
+        "row_start",
+        "num_rows",
+        "query_id",
+        "start_turn",
+        "gamma",
+    )
+
+    def __init__(
+        self,
+        *,
+        turn: np.ndarray,
+        contexts: Ragged,
+        tokens: Ragged,
+        logp: Ragged,
+        reward: np.ndarray,
+        duration: np.ndarray,
+        malformed: np.ndarray,
+        row_start: np.ndarray,
+        num_rows: np.ndarray,
+        query_id: np.ndarray,
+        start_turn: np.ndarray,
+        gamma: float,
+        full_contexts: Ragged | None = None,
+        snapshots: Any = None,
+    ) -> None:
+        n = len(tokens)
+        set_ = object.__setattr__
+        for name, arr, dtype in (
+            ("turn", turn, np.int64),
+            ("reward", reward, np.float64),
+            ("duration", duration, np.float64),
+            ("malformed", malformed, bool),
+        ):
+            a = _frozen(np.asarray(arr, dtype=dtype))
+            if a.shape != (n,):
+                raise ValueError(f"Rollouts.{name} must have shape ({n},), got {a.shape}")
+            set_(self, name, a)
+        for name, r in (("contexts", contexts), ("logp", logp), ("full_contexts", full_contexts)):
+            if r is not None and len(r) != n:
+                raise ValueError(f"Rollouts.{name} must have one row per turn ({n})")
+        if not np.array_equal(logp.offsets, tokens.offsets):
+            raise ValueError("Rollouts.logp must align token-for-token with tokens")
+        if snapshots is not None and len(snapshots) != n:
+            raise ValueError(f"Rollouts.snapshots must have one entry per turn ({n})")
+        set_(self, "contexts", contexts)
+        set_(self, "tokens", tokens)
+        set_(self, "logp", logp)
+        set_(self, "full_contexts", full_contexts)
+        set_(self, "snapshots", _frozen(snapshots) if isinstance(snapshots, np.ndarray) else snapshots)
+        e_arrays = {}
+        for name, arr in (
+            ("row_start", row_start),
+            ("num_rows", num_rows),
+            ("query_id", query_id),
+            ("start_turn", start_turn),
+        ):
+            e_arrays[name] = _frozen(np.asarray(arr, dtype=np.int64))
+        e = e_arrays["row_start"].shape
+        if len(e) != 1 or any(a.shape != e for a in e_arrays.values()):
+            raise ValueError("Rollouts episode arrays must be 1-D and of one length")
+        rs, nr = e_arrays["row_start"], e_arrays["num_rows"]
+        if np.any(nr < 1) or np.any(rs < 0) or np.any(rs + nr > n):
+            raise ValueError("every Rollouts episode has at least one row, inside the row arrays")
+        for name, a in e_arrays.items():
+            set_(self, name, a)
+        set_(self, "gamma", float(gamma))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Rollouts is immutable")
+
+    def __reduce__(self):
+        return (_rebuild_rollouts, ({name: getattr(self, name) for name in self.__slots__},))
+
+    # -- the episode view ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.row_start.size)
+
+    def __getitem__(self, e):
+        if isinstance(e, slice):
+            return self.select(np.arange(len(self))[e])
+        e = int(e)
+        if e < 0:
+            e += len(self)
+        lo = int(self.row_start[e])
+        hi = lo + int(self.num_rows[e])
+        return Trajectory(
+            contexts=self.contexts.rows(lo, hi),
+            tokens=self.tokens.rows(lo, hi),
+            logp=self.logp.rows(lo, hi),
+            rewards=self.reward[lo:hi],
+            durations=self.duration[lo:hi],
+            malformed=self.malformed[lo:hi],
+            query_id=int(self.query_id[e]),
+            start_turn=int(self.start_turn[e]),
+            gamma=self.gamma,
+            full_contexts=self.full_contexts.rows(lo, hi) if self.full_contexts is not None else None,
+        )
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        for e in range(len(self)):
+            yield self[e]
+
+    def select(self, idx: np.ndarray) -> Rollouts:
+        """Episodes idx (any order, repeats allowed) over the same rows (nothing is copied)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return _rebuild_rollouts(
+            {
+                **{name: getattr(self, name) for name in self.__slots__},
+                "row_start": self.row_start[idx],
+                "num_rows": self.num_rows[idx],
+                "query_id": self.query_id[idx],
+                "start_turn": self.start_turn[idx],
+            }
+        )
+
+    def episode_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(episode index, row index) of every row of every episode, episode by episode in turn order."""
+        ep = np.repeat(np.arange(len(self)), self.num_rows)
+        first = np.cumsum(self.num_rows) - self.num_rows
+        rows = np.repeat(self.row_start - first, self.num_rows) + np.arange(ep.size)
+        return ep, rows
+
+    def returns(self) -> np.ndarray:
+        """(E,) R of every episode from its start turn (SPEC §1, Eq. 19); equal to [t.ret for t in self]."""
+        return segment_returns(self.reward, self.duration, self.row_start, self.num_rows, self.gamma)
+
+    def malformed_rate(self) -> np.ndarray:
+        """(E,) the share of each episode's turns that were malformed."""
+        ep, rows = self.episode_rows()
+        return np.bincount(ep, self.malformed[rows].astype(np.float64), minlength=len(self)) / self.num_rows
+
+    def boundaries_of(self, e: int, trunk: int | None = None) -> list[Boundary]:
+        """The recorded boundaries of episode e in turn order (trunk index e unless given)."""
+        if self.snapshots is None:
+            raise ValueError("this rollout recorded no boundaries")
+        lo = int(self.row_start[e])
+        t = e if trunk is None else trunk
+        return [
+            Boundary(trunk=t, k=int(self.turn[i]), snapshot=self.snapshots[i], context=self.contexts[i])
+            for i in range(lo, lo + int(self.num_rows[e]))
+        ]
+
+
+def _rebuild_rollouts(fields: dict) -> Rollouts:
+    obj = object.__new__(Rollouts)
+    for name, value in fields.items():
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+@dataclass(frozen=True)
+class BoundaryRows(Sequence):
+    """The trunk boundaries at one turn k as columns (the columnar form of a tuple of Boundary).
+
+    trunk: (M,) trunk index of each boundary; snapshots: (M, ...) array or length-M list; contexts:
+    Ragged (M rows), c_k as recorded at trunk rollout.  Indexing gives the Boundary objects.
+    """
+
+    k: int
+    trunk: np.ndarray
+    snapshots: Any
+    contexts: Ragged
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trunk", _frozen(np.asarray(self.trunk, dtype=np.int64)))
+        m = self.trunk.shape[0]
+        if len(self.snapshots) != m or len(self.contexts) != m:
+            raise ValueError("BoundaryRows needs one snapshot and one context per boundary")
+        if self.k < 0:
+            raise ValueError("Boundary.k must be >= 0")
+
+    def __len__(self) -> int:
+        return int(self.trunk.size)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(len(self))[i])
+        return Boundary(int(self.trunk[i]), self.k, self.snapshots[i], self.contexts[i])
+
+    def __iter__(self) -> Iterator[Boundary]:
+        for i in range(len(self)):
+            yield self[i]
+
+
 @dataclass(frozen=True)
 class Boundary:
     """Boundary k of a trunk: where siblings fork (Algorithm 1, line "restore snap_k").
@@ -278,11 +521,20 @@ class ReverseTree:
     boundaries: boundaries[k] lists every trunk boundary at turn k (only trunks that reached k).
     """
 
-    trunks: tuple[Trajectory, ...]
-    boundaries: tuple[tuple[Boundary, ...], ...]
+    trunks: Sequence[Trajectory]
+    boundaries: tuple[Sequence[Boundary], ...]
 
     def __post_init__(self) -> None:
         for k, row in enumerate(self.boundaries):
+            if isinstance(row, BoundaryRows) and isinstance(self.trunks, Rollouts):
+                if row.k != k:
+                    raise ValueError(f"boundary of turn {row.k} filed under turn {k}")
+                if np.any(row.trunk < 0) or np.any(row.trunk >= len(self.trunks)):
+                    raise ValueError("boundary names a trunk that does not exist")
+                t = self.trunks
+                if np.any(t.start_turn[row.trunk] + t.num_rows[row.trunk] - 1 < k):
+                    raise ValueError("boundary at a turn its trunk never reached")
+                continue
             for b in row:
                 if b.k != k:
                     raise ValueError(f"boundary of turn {b.k} filed under turn {k}")
@@ -302,6 +554,23 @@ class ReverseTree:
             for b in row:
                 per_turn[b.k].append(b if b.trunk == i else Boundary(i, b.k, b.snapshot, b.context))
         return cls(tuple(trunks), tuple(tuple(r) for r in per_turn))
+
+    @classmethod
+    def from_columns(cls, trunks: Rollouts, num_turns: int) -> ReverseTree:
+        """The tree of a recorded rollout's trunks, columnar: boundaries[k] is a BoundaryRows of the rows
+        at turn k (no Boundary object is built)."""
+        if trunks.snapshots is None:
+            raise ValueError("the trunk rollout recorded no boundaries")
+        ep, rows = trunks.episode_rows()
+        turn = trunks.turn[rows]
+        per_turn = []
+        for k in range(num_turns):
+            sel = np.flatnonzero(turn == k)
+            r = rows[sel]
+            snaps = trunks.snapshots
+            snaps = snaps[r] if isinstance(snaps, np.ndarray) else [snaps[i] for i in r]
+            per_turn.append(BoundaryRows(k, ep[sel], snaps, trunks.contexts.take(r)))
+        return cls(trunks, tuple(per_turn))
 
     @property
     def num_turns(self) -> int:

@@ -28,9 +28,16 @@ from rtpo.tabular.policy import LogLinear, SoftmaxTable, TabularPolicy
 from rtpo.tabular.solve import ENUMERATION_LIMIT, best_deterministic_psi_policy, solve, uniform_policy
 from rtpo.tabular.tasks import TASKS, apply_psi, build_task, check_psi
 
+ROLLOUT_PATH = Field(
+    "columnar",
+    description="how methods read rollouts: columnar (arrays end to end, vectorised returns and batches) | "
+    "per_episode (one Trajectory object per episode, the older path); identical results",
+)
+
 
 class TabularBackendConfig(BackendConfig):
     kind: Literal["tabular"] = Field(description="exact finite turn-boundary MDPs")
+    rollout_path: Literal["columnar", "per_episode"] = ROLLOUT_PATH
 
 
 class TabularTaskConfig(BaseModel):
@@ -131,7 +138,8 @@ def assemble(cfg: ScenarioConfig, mdp: TurnMDP, policy: TabularPolicy, env: Any)
     params = policy.init_params(rng)
     learner = TabularLearner(policy, params, lr=cfg.train.lr, optimizer=cfg.train.optimizer)
     sampler = _RecordingSampler(policy, params)
-    ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng)
+    columnar = getattr(cfg.backend, "rollout_path", "columnar") == "columnar"
+    ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng, columnar=columnar)
     evaluator = TabularEvaluator(mdp, policy)
 
     @contextlib.contextmanager

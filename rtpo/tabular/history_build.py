@@ -16,6 +16,7 @@ from pydantic import Field
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
 from rtpo.schema import BackendConfig, ScenarioConfig
 from rtpo.tabular.build import (
+    ROLLOUT_PATH,
     assemble,
     build_mdp,
     memory_estimate,
@@ -29,6 +30,7 @@ from rtpo.tabular.history import FullHistoryEnv, history_policy
 
 class TabularHistoryBackendConfig(BackendConfig):
     kind: Literal["tabular_history"] = Field(description="tabular MDPs with full-history contexts beside ψ")
+    rollout_path: Literal["columnar", "per_episode"] = ROLLOUT_PATH
 
 
 def build(cfg: ScenarioConfig) -> BuiltBackend:

@@ -69,6 +69,9 @@ class RunContext:
     learner: Learner
     rng: np.random.Generator
     budget: Budget = field(default_factory=Budget)
+    # True: methods read rollouts as columns (rtpo.core.types.Rollouts, vectorised returns and batches);
+    # False: the per-episode path (one Trajectory object per episode).  Same results either way.
+    columnar: bool = True
 
     def sync(self) -> None:
         """Push the learner's weights to the sampler (Algorithm 1 step 2.1)."""
@@ -122,6 +125,8 @@ class Method(ABC):
         q = np.asarray(query_ids, dtype=np.int64)
         episodes = ctx.env.reset(q, ctx.rng) if snapshots is None else ctx.env.restore(snapshots)
         res = rollout(ctx.env, ctx.sampler, episodes, q, ctx.rng, n=n, record_boundaries=record_boundaries)
+        if not ctx.columnar and res.columns is not None:
+            res = res.per_episode()
         ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
         return res
 

@@ -21,7 +21,7 @@ from rtpo.core import estimators
 from rtpo.core.loss import Aggregation, LossConfig, RatioLevel
 from rtpo.core.methods.base import IterationState, Method, RunContext, UpdateConfig
 from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
-from rtpo.core.types import Ragged, Trajectory, TurnBatch, discounted_return
+from rtpo.core.types import Ragged, Rollouts, Trajectory, TurnBatch, discounted_return
 
 TRAIN_CONTEXTS = ("auto", "rollout", "full_history")
 
@@ -34,11 +34,21 @@ def trajectory_path(t: Trajectory) -> Path:
     return [(t, j) for j in range(t.num_turns)]
 
 
-def path_return(path: Path) -> float:
-    """R of the whole root-to-leaf path (SPEC §1): Σ_j γ^{Σ_{m<j} τ_m} r_j over its rows in turn order."""
+def path_return(path: Path | Trajectory) -> float:
+    """R of the whole root-to-leaf path (SPEC §1): Σ_j γ^{Σ_{m<j} τ_m} r_j over its rows in turn order.
+    A Trajectory (an episode of a columnar rollout) is the path of its own turns."""
+    if isinstance(path, Trajectory):
+        return path.ret
     rewards = np.array([t.rewards[j] for t, j in path])
     durations = np.array([t.durations[j] for t, j in path])
     return discounted_return(rewards, durations, path[0][0].gamma)
+
+
+def path_returns(paths: Sequence[Path] | Rollouts) -> np.ndarray:
+    """R of every path; a Rollouts (columns) is one path per episode, its returns vectorised."""
+    if isinstance(paths, Rollouts):
+        return paths.returns()
+    return np.array([path_return(p) for p in paths])
 
 
 def training_contexts(rows: Sequence[tuple[Trajectory, int]], mode: str) -> Ragged | None:
@@ -53,8 +63,22 @@ def training_contexts(rows: Sequence[tuple[Trajectory, int]], mode: str) -> Ragg
     return Ragged.from_rows([t.full_contexts[j] for t, j in rows], dtype=np.int64)
 
 
-def flat_batch(paths: Sequence[Path], advantages: np.ndarray, train_context: str) -> TurnBatch:
-    """Flattened training batch: every row of path i carries advantages[i] and seq_id i (Eq. 9)."""
+def flat_batch(paths: Sequence[Path] | Rollouts, advantages: np.ndarray, train_context: str) -> TurnBatch:
+    """Flattened training batch: every row of path i carries advantages[i] and seq_id i (Eq. 9).
+    paths may be a Rollouts (columns): path i is episode i, its rows gathered without a loop."""
+    if isinstance(paths, Rollouts):
+        if train_context not in TRAIN_CONTEXTS:
+            raise ValueError(f"train_context must be one of {TRAIN_CONTEXTS}, got {train_context!r}")
+        ep, rows = paths.episode_rows()
+        adv = np.asarray(advantages, np.float64)[ep]
+        batch = turn_rows(paths.select(ep), rows - paths.row_start[ep], adv, seq_id=ep)
+        full = paths.full_contexts
+        if train_context == "rollout" or (train_context == "auto" and full is None):
+            return batch
+        if full is None:
+            raise ValueError("train_context='full_history' needs an environment that exposes full_contexts")
+        full = full.take(rows)
+        return dataclasses.replace(batch, contexts=Ragged(full.values.astype(np.int64), full.offsets))
     rows = [r for p in paths for r in p]
     seq = np.repeat(np.arange(len(paths)), [len(p) for p in paths])
     adv = np.asarray(advantages, np.float64)[seq]
@@ -106,7 +130,7 @@ class GRPOConfig(FlatUpdateConfig):
 
 @dataclass
 class FlatIteration:
-    paths: list
+    paths: list | Rollouts  # root-to-leaf paths; a Rollouts (columns) is one path per episode
     query_ids: np.ndarray  # (P,) query of each path
     metrics: dict
 
@@ -139,7 +163,7 @@ class GroupRelative(Method):
         ctx.sync()
         q = np.repeat(np.asarray(query_ids, dtype=np.int64), self.cfg.G)
         res = self.rollout(ctx, q)
-        paths = [trajectory_path(t) for t in res.trajectories]
+        paths = res.columns if res.columns is not None else [trajectory_path(t) for t in res.trajectories]
         return IterationState(pending=["update"], data=FlatIteration(paths, q, {}))
 
     def group_size(self) -> int:
@@ -152,7 +176,7 @@ class GroupRelative(Method):
 
     def run_phase(self, ctx: RunContext, state: IterationState, key: Any) -> dict[str, float]:
         data: FlatIteration = state.data
-        returns = np.array([path_return(p) for p in data.paths]).reshape(-1, self.group_size())
+        returns = path_returns(data.paths).reshape(-1, self.group_size())
         adv = self.advantages(returns)
         metrics = {"phase/turn": -1.0, **data.metrics, **group_metrics(returns, adv)}
         return self.update(ctx, data.paths, adv.reshape(-1), metrics)

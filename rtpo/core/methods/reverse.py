@@ -21,7 +21,7 @@ from rtpo.core.loss import LossConfig
 from rtpo.core.methods.base import IterationState, Method, RunContext, UpdateConfig
 from rtpo.core.protocols import Learner
 from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
-from rtpo.core.types import Ragged, ReverseTree, Trajectory, discounted_return
+from rtpo.core.types import BoundaryRows, Ragged, ReverseTree, Rollouts, Trajectory, discounted_return
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,8 @@ class ReverseTurn(Method):
     def sibling_returns(self, ctx: RunContext, state: IterationState, k: int, siblings: list) -> np.ndarray:
         """R_j of each sibling; on-policy the plain return (Eq. 108, ω ≡ 1).  Variants whose sampler is
         stale (sync schedules, G.6) reweight the continuation here (Eq. 109)."""
+        if isinstance(siblings, Rollouts):
+            return siblings.returns()
         return np.array([s.ret for s in siblings])
 
     def begin(self, ctx: RunContext, query_ids: np.ndarray) -> IterationState:
@@ -125,13 +127,20 @@ class ReverseTurn(Method):
         q = np.repeat(np.asarray(query_ids, dtype=np.int64), self.cfg.trunks_per_query)
         res = self.rollout(ctx, q, record_boundaries=True)
         num_turns = ctx.env.num_turns
-        tree = ReverseTree.from_rollout(res.trajectories, res.boundaries, num_turns)
-        trunk_returns = np.array([t.ret for t in res.trajectories])
+        cols = res.columns
+        if cols is not None:  # columnar: the boundaries stay arrays (BoundaryRows per turn)
+            tree = ReverseTree.from_columns(cols, num_turns)
+            trunk_returns, turns, malformed = cols.returns(), cols.num_rows, cols.malformed_rate()
+        else:
+            tree = ReverseTree.from_rollout(res.trajectories, res.boundaries, num_turns)
+            trunk_returns = np.array([t.ret for t in res.trajectories])
+            turns = np.array([t.num_turns for t in res.trajectories])
+            malformed = np.array([t.malformed.mean() for t in res.trajectories])
         metrics = {
             "trunk/return_mean": float(trunk_returns.mean()),
-            **trunk_outcomes(trunk_returns, [t.num_turns for t in res.trajectories], num_turns),
-            "trunk/turns_mean": float(np.mean([t.num_turns for t in res.trajectories])),
-            "trunk/malformed_rate": float(np.mean([t.malformed.mean() for t in res.trajectories])),
+            **trunk_outcomes(trunk_returns, turns, num_turns),
+            "trunk/turns_mean": float(np.mean(turns)),
+            "trunk/malformed_rate": float(np.mean(malformed)),
         }
         return IterationState(pending=list(range(num_turns - 1, -1, -1)), data=RTPOIteration(tree, metrics))
 
@@ -150,12 +159,22 @@ class ReverseTurn(Method):
         if not bounds:
             return metrics
         n = self.cfg.G - 1
-        trunk_q = np.array([data.tree.trunks[b.trunk].query_id for b in bounds], dtype=np.int64)
-        res = self.rollout(ctx, trunk_q, [b.snapshot for b in bounds], n=n)
+        trunks = data.tree.trunks
+        if isinstance(bounds, BoundaryRows) and isinstance(trunks, Rollouts):
+            trunk_q, snaps, recorded = trunks.query_id[bounds.trunk], bounds.snapshots, bounds.contexts
+        else:
+            trunk_q = np.array([trunks[b.trunk].query_id for b in bounds], dtype=np.int64)
+            snaps = [b.snapshot for b in bounds]
+            recorded = Ragged.from_rows([b.context for b in bounds], dtype=np.int64)
+        res = self.rollout(ctx, trunk_q, snaps, n=n)
         sibs = res.trajectories
-        for i, s in enumerate(sibs):  # the sibling must see exactly the trunk's recorded c_k
-            if not np.array_equal(s.contexts[0], bounds[i // n].context):
-                raise RuntimeError(f"sibling context differs from the recorded c_{k}: snapshot/restore is not exact")
+        if isinstance(sibs, Rollouts):
+            seen = sibs.contexts.take(sibs.row_start)
+        else:
+            seen = Ragged.from_rows([s.contexts[0] for s in sibs], dtype=np.int64)
+        if not seen.equals(recorded.take(np.repeat(np.arange(len(bounds)), n))):
+            # the sibling must see exactly the trunk's recorded c_k
+            raise RuntimeError(f"sibling context differs from the recorded c_{k}: snapshot/restore is not exact")
         returns = np.asarray(self.sibling_returns(ctx, state, k, sibs), np.float64).reshape(len(bounds), n)
         return self.train_on_siblings(ctx, sibs, returns, metrics)
 
@@ -171,7 +190,8 @@ class ReverseTurn(Method):
             rows = rows[~np.repeat(zero, n)]
         if rows.size == 0:
             return metrics
-        batch = turn_rows([sibs[i] for i in rows], np.zeros(rows.size, np.int64), adv.reshape(-1)[rows])
+        chosen = sibs.select(rows) if isinstance(sibs, Rollouts) else [sibs[i] for i in rows]
+        batch = turn_rows(chosen, np.zeros(rows.size, np.int64), adv.reshape(-1)[rows])
         metrics.update(rollout_train_ratio(ctx.learner, batch))
         metrics.update(
             ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng)

@@ -1,10 +1,13 @@
 """Math tasks: local loaders for the public benchmark layouts, and a seeded arithmetic generator.
 
-Nothing is downloaded: point a loader at a file you have (JSONL, a JSON list, or Parquet when pyarrow
-is installed).  A bad file is a one-line `MathDataError` naming the file, the line (row) and the field:
-non-UTF-8 bytes, invalid JSON, a record that is not an object, a missing or empty field, and a duplicate
-id (an error, not a warning: per-problem Pass@k and eval results are keyed by id, so two problems under
-one id would silently merge).
+Nothing is downloaded: point a loader at a file you have, in any format rtpo.data reads (JSONL, a JSON
+list, Parquet, Arrow, a `datasets` save_to_disk folder; docs/data.md).  `fields` ({question, answer, id}:
+column) points a layout at your own column names (dotted for nested columns).  A bad file is a one-line
+`MathDataError` naming the file, the line (row) and the field: non-UTF-8 bytes, invalid JSON, a record
+that is not an object, a missing or empty field, and a duplicate id (an error, not a warning: per-problem
+Pass@k and eval results are keyed by id, so two problems under one id would silently merge).
+
+A gold answer that holds a `\\boxed{}` (a worked solution) becomes the contents of its last box.
 
 Layouts (the public field names of each benchmark's common release; alternatives in order tried):
 
@@ -23,21 +26,27 @@ Layouts (the public field names of each benchmark's common release; alternatives
 | oe_math | OlympiadBench OE_TO_maths_en_COMP (id, question, | question                  | final_answer: list of LaTeX       |
 |         | solution, final_answer, is_multiple_answer,      |                           | strings in `$…$`; several answers |
 |         | unit, answer_type, …)                            |                           | are joined with ", "              |
+| math    | the MATH release (hendrycks: problem, level,      | problem                   | solution: its last `\\boxed{}`    |
+|         | type, solution)                                   |                           |                                   |
+| verl    | verl RLHFDataset parquet (data_source, prompt:    | prompt (last user turn)   | reward_model.ground_truth         |
+|         | chat messages, ability, reward_model, extra_info) | id: extra_info.index      |                                   |
+| generic | any file; name your columns in `fields`           | question / problem        | answer                            |
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rtpo.core.registry import Registry
+from rtpo.data import DataError, chat_text, read_records
+from rtpo.llm.chat import last_boxed
 
 
-class MathDataError(ValueError):
+class MathDataError(DataError):
     """A dataset file that does not fit its layout; the message names file, line and field."""
 
 
@@ -95,11 +104,28 @@ def _plain(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise MathDataError(f"{where}: expected a number or string, got {type(value).__name__}")
     text = value.strip()
+    if "\\boxed" in text or "\\fbox" in text:
+        return _boxed(text, where)  # a worked solution (MATH's `solution`): its last \boxed{} is the answer
     if len(text) >= 2 and text.startswith("$") and text.endswith("$"):
         text = text.strip("$").strip()
     if not text:
         raise MathDataError(f"{where}: empty answer")
     return text
+
+
+def _boxed(value: Any, where: str) -> str:
+    """The gold answer of a worked solution: the contents of its last \\boxed{} (MATH's convention)."""
+    if not isinstance(value, str):
+        raise MathDataError(
+            f"{where}: expected a solution string with a \\boxed{{}} answer, got {type(value).__name__}"
+        )
+    inner = last_boxed(value)
+    if inner is None:
+        raise MathDataError(f"{where}: no \\boxed{{...}} answer in the solution (or its braces are unbalanced)")
+    inner = inner.strip()
+    if not inner:
+        raise MathDataError(f"{where}: the last \\boxed{{}} is empty")
+    return inner
 
 
 def _gsm8k(value: Any, where: str) -> str:
@@ -125,90 +151,69 @@ for _name, _layout in {
     "aime25": Layout(("question", "problem", "Problem"), ("answer", "Answer"), _plain),
     "amc23": Layout(("question", "problem"), ("answer",), _plain),
     "oe_math": Layout(("question",), ("final_answer",), _oe),
+    # the MATH training/test release (hendrycks: problem, solution, level, type): no answer field, the gold
+    # answer is the last \boxed{} of `solution`
+    "math": Layout(("problem",), ("solution",), _boxed),
+    # verl's RLHFDataset parquet: prompt = chat messages, reward_model.ground_truth, data_source, extra_info
+    "verl": Layout(("prompt",), ("reward_model.ground_truth",), _plain, ("extra_info.index", "id", "index")),
+    # any file: point task.fields at your columns (defaults: question, answer, id)
+    "generic": Layout(("question", "problem"), ("answer",), _plain),
 }.items():
     LAYOUTS.register(_name)(_layout)
 
 
-def _records(path: str) -> Iterator[tuple[int, Any]]:
-    """(line or row number, record) from JSONL, a JSON list, or Parquet."""
-    ext = os.path.splitext(path)[1].lower()
-    if ext == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise MathDataError(
-                f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert to JSONL"
-            ) from None
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a damaged file
-            raise MathDataError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
-        yield from enumerate(rows, start=1)
-        return
-    with open(path, "rb") as f:
-        if ext == ".json":
-            raw = f.read()
-            try:
-                data = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                line = raw[: e.start].count(b"\n") + 1
-                raise MathDataError(f"{path}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
-            except json.JSONDecodeError as e:
-                raise MathDataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
-            except RecursionError:
-                raise MathDataError(f"{path}: JSON nested too deeply") from None
-            if isinstance(data, dict) and isinstance(data.get("data"), list):
-                data = data["data"]
-            if not isinstance(data, list):
-                raise MathDataError(f"{path}: a .json file must hold a list of records")
-            yield from enumerate(data, start=1)
-            return
-        for lineno, raw_line in enumerate(f, start=1):
-            try:
-                line = raw_line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise MathDataError(f"{path}:{lineno}: not UTF-8 (byte 0x{raw_line[e.start]:02x})") from None
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise MathDataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-            except (ValueError, RecursionError):  # an int past 4300 digits, nesting past the stack
-                raise MathDataError(f"{path}:{lineno}: invalid JSON (too deeply nested or a number too long)") from None
+def _question(value: Any, where: str) -> str:
+    text = chat_text(value, where)  # a string, or verl's chat-list prompt (the last user message)
+    if not text.strip():
+        raise MathDataError(f"{where} must be a non-empty string")
+    return text.strip()
 
 
-def load_math(path: str | os.PathLike, layout: str, name: str | None = None, limit: int | None = None) -> MathTask:
-    """Load a benchmark file in one of LAYOUTS; `limit` keeps the first items."""
+def load_math(
+    path: str | os.PathLike,
+    layout: str,
+    name: str | None = None,
+    limit: int | None = None,
+    fields: Mapping[str, str] | None = None,
+    split: str | None = None,
+) -> MathTask:
+    """Load a benchmark file (any rtpo.data format) in one of LAYOUTS; `limit` keeps the first items.
+
+    fields: {question|answer|id: column} overrides where the layout looks (dotted paths reach nested
+    columns, e.g. {"answer": "reward_model.ground_truth"}); errors call it `task.fields`.
+    """
     path = os.fspath(path)
     spec: Layout = LAYOUTS.get(layout)
-    if not os.path.isfile(path):
-        raise MathDataError(f"{path}: no such file")
+    fields = dict(fields or {})
+    bad = sorted(set(fields) - {"question", "answer", "id"})
+    if bad:
+        raise MathDataError(f"task.fields: unknown key(s) {', '.join(bad)} (valid: question, answer, id)")
+    sources = {
+        "question": fields.get("question", spec.question_fields),
+        "answer": fields.get("answer", spec.answer_fields),
+    }
+    try:
+        records = read_records(
+            path,
+            fields=sources,
+            id_field=fields.get("id", spec.id_fields),
+            require_id="id" in fields,
+            allow_empty=True,  # the layout's answer function names an empty answer precisely
+            split=split,
+            limit=limit,
+            mapping_name="task.fields",
+        )
+    except DataError as e:
+        raise MathDataError(str(e)) from None
     items = []
-    seen: dict[str, int] = {}  # id -> line: a duplicate is an error (per-problem Pass@k and eval keys need unique ids)
-    for lineno, rec in _records(path):
-        where = f"{path}:{lineno}"
-        if not isinstance(rec, dict):
-            raise MathDataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-        q_field = next((k for k in spec.question_fields if k in rec), None)
-        if q_field is None:
-            raise MathDataError(f"{where}: missing field {' / '.join(spec.question_fields)!r} (layout {layout})")
-        question = rec[q_field]
-        if not isinstance(question, str) or not question.strip():
-            raise MathDataError(f"{where}: field {q_field!r} must be a non-empty string")
-        a_field = next((k for k in spec.answer_fields if k in rec), None)
-        if a_field is None:
-            raise MathDataError(f"{where}: missing field {' / '.join(spec.answer_fields)!r} (layout {layout})")
-        answer = spec.answer_fn(rec[a_field], f"{where}: field {a_field!r}")
-        id_field = next((k for k in spec.id_fields if k in rec), None)
-        item_id = str(rec[id_field]) if id_field else f"{layout}-{len(items)}"
-        if item_id in seen:
-            raise MathDataError(f"{where}: duplicate id {item_id[:60]!r} (first at line {seen[item_id]})")
-        seen[item_id] = lineno
-        items.append(MathItem(item_id, question.strip(), answer, layout))
-        if limit is not None and len(items) >= limit:
-            break
-    return MathTask(name or f"{layout}:{os.path.basename(path)}", tuple(items))
+    for i, rec in enumerate(records):
+        try:
+            question = _question(rec["question"], f"{rec.where}: {rec.label('question')}")
+            answer = spec.answer_fn(rec["answer"], f"{rec.where}: {rec.label('answer')}")
+        except DataError as e:
+            raise MathDataError(str(e)) from None
+        items.append(MathItem(rec.id if rec.id is not None else f"{layout}-{i}", question, answer, layout))
+    return MathTask(name or f"{layout}:{os.path.basename(path.rstrip(os.sep))}", tuple(items))
 
 
 def arithmetic_task(
