@@ -22,6 +22,8 @@
   samples per turn (batch rows of turn k over the run, from each phase's `samples/turn_<k>`).  On the
   tabular backends it also prints which regime the task is in before training (the exact variance
   decomposition and RTPO/GRPO information index of rtpo.tabular.diagnostic).
+- Tabular rows also give the normalised gain (V − V_uniform)/(V* − V_uniform) and how many seeds ended
+  locked onto a wrong first action (eval/first_action_wrong > 1/2 at the last evaluation).
 - `--sweep key=v1,v2,...` repeats the whole comparison for each value (e.g. task.num_turns=3,4,5).
 - Seeds are scenario.seed + 0..N−1.  Runs go to 2 worker processes (single-threaded torch each,
   forked where the platform allows) whenever more than one run is queued.
@@ -58,6 +60,7 @@ CURVE_KEYS = (
     "eval/v_star",
     "eval/v_star_psi",
     "eval/v_uniform",
+    "eval/first_action_wrong",
     "consistency/rollout_train_ratio",
     "adv/zero_rate",
 )
@@ -381,6 +384,13 @@ def _samples_per_turn(curve: list[dict]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
+def _wrong_first_action(curve: list[dict]) -> bool | None:
+    """Whether the run ended locked onto a wrong first action: at its last evaluation, more than half
+    of the start-state mass has a most likely turn-0 action that is not optimal (tabular)."""
+    last = [c for c in curve if "eval/first_action_wrong" in c]
+    return None if not last else bool(last[-1]["eval/first_action_wrong"] > 0.5)
+
+
 def aggregate(outcomes: list[Outcome]) -> list[dict]:
     """One row per (sweep value, label): mean ± 95% interval over seeds of each quantity."""
     groups: dict[tuple, list[Outcome]] = {}
@@ -404,6 +414,7 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
                     "seed": o.job.seed,
                     "value_over_optimum": s.get("value_over_optimum"),
                     "normalised_gain": _normalised_gain(o.curve),
+                    "wrong_first_action": _wrong_first_action(o.curve),
                     "final_value": s.get("final_value"),
                     "reached_target": s.get("reached_target"),
                     "zero_advantage_rate": s.get("zero_advantage_rate_mean"),
@@ -434,6 +445,8 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
             m, h = mean_ci([p[key] for p in row["per_seed"] if p[key] is not None])
             row[key] = {"mean": m, "ci95": h}
         row["reached_target"] = sum(bool(p["reached_target"]) for p in row["per_seed"])
+        wrong = [p["wrong_first_action"] for p in row["per_seed"] if p["wrong_first_action"] is not None]
+        row["wrong_first_action"] = sum(wrong) if wrong else None
         row["settings"] = outs[0].job.settings
         turns = sorted({k for p in row["per_seed"] for k in p["samples_per_turn"]}, key=int)
         row["samples_per_turn"] = {
@@ -462,6 +475,7 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         "gain",
         "final value",
         "reached target",
+        "wrong first action",
         "zero-adv rate",
         "rollout/train ratio",
         "max abs(ratio−1)",
@@ -477,7 +491,8 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         "",
         f"Equal rollout budget per run (SPEC §2.3): {', '.join(f'{v}' for v in meta['budgets'].values())}; "
         f"{meta['seeds']} seeds; mean ± 95% t-interval over seeds.  gain = (V − V_uniform) / (V* − V_uniform) "
-        "at the last evaluation (tabular).",
+        "at the last evaluation (tabular); wrong first action = seeds whose final policy's most likely turn-0 "
+        "action is not optimal for most of the start-state mass.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -490,6 +505,7 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
             _pm(r["normalised_gain"]),
             _pm(r["final_value"]),
             f"{r['reached_target']}/{n_ok}",
+            "–" if r.get("wrong_first_action") is None else f"{r['wrong_first_action']}/{n_ok}",
             _pm(r["zero_advantage_rate"]),
             _pm(r["rollout_train_ratio"], 4),
             _pm(r["max_abs_ratio_minus_1"], 4),
