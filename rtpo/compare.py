@@ -10,6 +10,8 @@
   starts from the scenario's method settings; any other starts from its own defaults.
 - `key=value` overrides apply to every run; a `method.X=v` override applies to the methods whose
   Config has a field X and is skipped for the others.
+- Equal tokens instead: with `budget.max_tokens=T` every method runs until it has generated T response
+  tokens (checked at iteration boundaries; the last iteration may run past T and the table says so).
 - The budget B: `budget.max_rollouts` if the scenario sets it, else what the scenario's own method plans
   for `budget.iterations` iterations (iterations × rollouts_per_query(K) × queries_per_iteration).
   Each method runs the whole iterations that fit in B (B // (its rollouts_per_query × queries), at
@@ -173,6 +175,7 @@ def build_jobs(
     points: list[str | None] = [None] if sweep is None else list(sweep[1])
     jobs: list[Job] = []
     budgets: dict[str, int] = {}
+    units: set[str] = set()
     diagnostics: dict[str, list[str]] = {}
     for point in points:
         base = copy.deepcopy(raw)
@@ -185,8 +188,10 @@ def build_jobs(
         )
         base_cfg = parse_scenario(_with_method_overrides(base, base["method"], point_method_ov))
         num_turns = _num_turns(base_cfg)
-        budget = _plan_budget(base_cfg, num_turns)
+        token_budget = base_cfg.budget.max_tokens
+        budget = int(token_budget) if token_budget is not None else _plan_budget(base_cfg, num_turns)
         budgets[str(point)] = budget
+        units.add("tokens" if token_budget is not None else "rollouts")
         diagnostic = get_backend(base_cfg.backend.kind).diagnostic
         diag_cfg = base_cfg  # replaced by the first compared RTPO variant's, so the index uses its G
         for label, (name, kv) in zip(labels, specs):
@@ -197,13 +202,16 @@ def build_jobs(
             msec = _inherited_method(base["method"], name)
             msec.update(kv)
             data = _with_method_overrides(base, msec, point_method_ov)
-            data["budget"] = {**(data.get("budget") or {}), "max_rollouts": budget, "iterations": 10**9}
-            try:
-                iters = _whole_iterations(parse_scenario(data), budget, num_turns)
-            except ConfigError as e:
-                raise ConfigError(f"--methods {label}: {e}") from None
-            if iters is not None:
-                data["budget"]["iterations"] = iters
+            if token_budget is not None:  # equal tokens: no method's tokens per iteration are known ahead
+                data["budget"] = {**(data.get("budget") or {}), "max_tokens": budget, "iterations": 10**9}
+            else:
+                data["budget"] = {**(data.get("budget") or {}), "max_rollouts": budget, "iterations": 10**9}
+                try:
+                    iters = _whole_iterations(parse_scenario(data), budget, num_turns)
+                except ConfigError as e:
+                    raise ConfigError(f"--methods {label}: {e}") from None
+                if iters is not None:
+                    data["budget"]["iterations"] = iters
             data["logging"] = {**(data.get("logging") or {}), "progress": False, "plot": False}
             for i in range(seeds):
                 d = copy.deepcopy(data)
@@ -228,7 +236,10 @@ def build_jobs(
                 )
         if diagnostic is not None:
             diagnostics[str(point)] = diagnostic(diag_cfg)
-    return jobs, {"scenario": stem, "budgets": budgets, "diagnostics": diagnostics}
+    if len(units) > 1:
+        raise ConfigError("--sweep: budget.max_tokens must be set for every swept value or for none")
+    unit = units.pop() if units else "rollouts"
+    return jobs, {"scenario": stem, "budgets": budgets, "budget_unit": unit, "diagnostics": diagnostics}
 
 
 def resolved_settings(cfg) -> dict:
@@ -489,7 +500,8 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         "",
         f"Command: `{meta['command']}`",
         "",
-        f"Equal rollout budget per run (SPEC §2.3): {', '.join(f'{v}' for v in meta['budgets'].values())}; "
+        f"Equal {meta.get('budget_unit', 'rollouts')[:-1]} budget per run (SPEC §2.3): "
+        f"{', '.join(f'{v}' for v in meta['budgets'].values())} {meta.get('budget_unit', 'rollouts')}; "
         f"{meta['seeds']} seeds; mean ± 95% t-interval over seeds.  gain = (V − V_uniform) / (V* − V_uniform) "
         "at the last evaluation (tabular); wrong first action = seeds whose final policy's most likely turn-0 "
         "action is not optimal for most of the start-state mass.",
@@ -525,15 +537,21 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         per = ", ".join(f"{k}: {v:.0f}" for k, v in r.get("samples_per_turn", {}).items())
         lines.append(f"- {r['method']}{where}: {per or '–'}")
     lines += ["", "Method settings, resolved (what each row ran):", "", *settings_lines(rows)]
+    unit = meta.get("budget_unit", "rollouts")
     over = [
-        (r["method"], r["sweep"], r["rollouts"]["mean"])
+        (r["method"], r["sweep"], r[unit]["mean"])
         for r in rows
-        if r["per_seed"] and r["rollouts"]["mean"] > meta["budgets"].get(str(r["sweep"]), math.inf)
+        if r["per_seed"] and r[unit]["mean"] > meta["budgets"].get(str(r["sweep"]), math.inf)
     ]
     if over:
-        lines += ["", "Over budget (one whole iteration costs more than the budget; it ran and is reported):"]
+        why = (
+            "one whole iteration costs more than the budget"
+            if unit == "rollouts"
+            else "the cap is checked at iteration boundaries, so the last iteration runs past it"
+        )
+        lines += ["", f"Over budget ({why}; it ran and is reported):"]
         lines += [
-            f"- {m}{'' if p is None else f' at {sweep_key}={p}'}: {v:.0f} rollouts > {meta['budgets'][str(p)]}"
+            f"- {m}{'' if p is None else f' at {sweep_key}={p}'}: {v:.0f} {unit} > {meta['budgets'][str(p)]}"
             for m, p, v in over
         ]
     for point, diag in (meta.get("diagnostics") or {}).items():
@@ -557,16 +575,18 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines)
 
 
-def _band(outs: list[Outcome], key: str, grid: np.ndarray, normalise: bool) -> tuple[np.ndarray, np.ndarray] | None:
-    """Mean and 95% half-width over seeds of `key` interpolated on a rollout grid (step-wise hold)."""
+def _band(
+    outs: list[Outcome], key: str, grid: np.ndarray, normalise: bool, x_key: str = "budget/rollouts"
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Mean and 95% half-width over seeds of `key` interpolated on a spend grid of `x_key` (step-wise hold)."""
     from scipy import stats
 
     ys = []
     for o in outs:
         pts = [
-            (c["budget/rollouts"], c[key] / c["eval/v_star"] if normalise else c[key])
+            (c[x_key], c[key] / c["eval/v_star"] if normalise else c[key])
             for c in o.curve
-            if key in c and "budget/rollouts" in c and (not normalise or c.get("eval/v_star"))
+            if key in c and x_key in c and (not normalise or c.get("eval/v_star"))
         ]
         if not pts:
             continue
@@ -604,7 +624,7 @@ def write_plots(outcomes: list[Outcome], rows: list[dict], meta: dict, out: Path
             grid = np.linspace(0, budget, 200)
             for lab in labels:
                 outs = [o for o in ok if o.job.label == lab and o.job.sweep == point]
-                band = _band(outs, key, grid, normalise)
+                band = _band(outs, key, grid, normalise, f"budget/{meta.get('budget_unit', 'rollouts')}")
                 if band is None:
                     continue
                 m, h = band
@@ -625,7 +645,7 @@ def write_plots(outcomes: list[Outcome], rows: list[dict], meta: dict, out: Path
                 ax.axhline(1.0, color="k", ls="--", lw=1)
             title = meta["scenario"] if point is None else f"{meta['scenario']}  {meta['sweep_key']}={point}"
             ax.set_title(title, fontsize=9)
-            ax.set_xlabel("rollouts spent")
+            ax.set_xlabel(f"{meta.get('budget_unit', 'rollouts')} spent")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="best")
