@@ -170,7 +170,7 @@ class Reference:
             s0 = np.minimum(np.searchsorted(self.init_cdf, rng.random(queries * G), side="right"), self.num_init - 1)
             rows = self.episodes(np.zeros(s0.size, np.int64), s0, 1, rng)
             r = rows["ret"].reshape(-1, G)
-            adv = ((r - r.mean(axis=1, keepdims=True)) / (r.std(axis=1, keepdims=True) + 1e-6)).reshape(-1)
+            adv = ((r - r.mean(axis=1, keepdims=True)) / (r.std(axis=1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)
             order = np.argsort(rows["ep"], kind="stable")  # rtpo's rows are episode by episode
             take = {key: rows[key][order] for key in ("turn", "ctx", "a", "logp", "ep")}
             self.update(take["turn"], take["ctx"], take["a"], take["logp"], adv[take["ep"]], rng, s0.size)
