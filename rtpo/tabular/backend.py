@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
+from rtpo.core.loss import FlatBatch, LossConfig, policy_loss
 from rtpo.core.types import Generation, Ragged, StepOutcome, TurnBatch
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import TabularPolicy
@@ -197,7 +197,7 @@ class TabularLearner:
         if loss.kl_coef > 0:
             with torch.no_grad():
                 ref = self._token_logp(batch, self.ref_params)
-        value, metrics = clipped_policy_loss(logp, flat, loss, ref)
+        value, metrics = policy_loss(logp, flat, loss, ref)
         self.opt.zero_grad(set_to_none=True)
         value.backward()
         grads = [p.grad for p in self.parts if p.grad is not None]
@@ -228,13 +228,22 @@ class TabularEvaluator:
     def __init__(self, mdp: TurnMDP, policy: TabularPolicy) -> None:
         self.mdp = mdp
         self.policy = policy
-        self.v_star = solve(mdp).value
+        full = solve(mdp)
+        self.v_star = full.value
+        q0 = full.q[0]  # Q̃*_0(s, u): the optimal first actions of each start state
+        self._first_ok = q0 >= q0.max(axis=1, keepdims=True) - 1e-9
         self.v_star_psi = solve(mdp, mdp.psi, prefix_policy=uniform_policy(mdp)).value
         self.v_uniform = evaluate(mdp, uniform_policy(mdp)).value
 
     def __call__(self, learner: TabularLearner) -> dict[str, float]:
-        value = evaluate(self.mdp, self.policy.table(learner.weights())).value
+        table = self.policy.table(learner.weights())
+        value = evaluate(self.mdp, table).value
+        greedy = table[0][self.mdp.psi[0]].argmax(axis=1)  # (S_0,) the policy's most likely first action
+        wrong = ~self._first_ok[np.arange(greedy.size), greedy]
         return {
+            # start-state mass whose most likely first action is not optimal (a seed "locked onto a wrong
+            # first action" when this is above 1/2 at the end)
+            "eval/first_action_wrong": float(self.mdp.init @ wrong),
             "eval/value": value,
             "eval/v_star": self.v_star,
             "eval/v_star_psi": self.v_star_psi,
