@@ -305,7 +305,8 @@ def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root:
 def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: dict | None, progress: bool) -> RunResult:
     """Run phases until the budget is spent; checkpoint between phases.
 
-    Budget rule: `budget.max_rollouts` is checked only at iteration boundaries, before `begin`;
+    Budget rule: `budget.max_rollouts` (and `budget.max_tokens`) is checked only at iteration boundaries,
+    before `begin`;
     an iteration once begun runs all its phases.  So every rollout a run generates is trained on (or, for
     RTPO's trunks, used for the boundaries it trains) and appears in a metrics line, and the spend a run
     reports (its last metrics line, summary.json, `rtpo compare`) is its checkpoint's budget counter.
@@ -332,9 +333,14 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
 
     budget_cfg = cfg.budget
 
-    def spent() -> bool:
-        """The rollout cap, checked at iteration boundaries only (the budget rule in _run_loop's docstring)."""
-        return budget_cfg.max_rollouts is not None and ctx.budget.rollouts >= budget_cfg.max_rollouts
+    def spent() -> str | None:
+        """The cap that is spent (max_rollouts or max_tokens), checked at iteration boundaries only (the
+        budget rule in _run_loop's docstring)."""
+        if budget_cfg.max_rollouts is not None and ctx.budget.rollouts >= budget_cfg.max_rollouts:
+            return "max_rollouts"
+        if budget_cfg.max_tokens is not None and ctx.budget.tokens >= budget_cfg.max_tokens:
+            return "max_tokens"
+        return None
 
     start = time.perf_counter()
     done0 = prog.iteration + (prog.phase_in_iter / prog.phases_in_iter if prog.phases_in_iter else 0.0)
@@ -353,7 +359,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                         prog.stopped_by = "iterations"
                         break
                     if spent():
-                        prog.stopped_by = "max_rollouts"
+                        prog.stopped_by = spent()
                         break
                     ids = _query_ids(prog.iteration, budget_cfg.queries_per_iteration, built.num_queries)
                     prog.it_state = method.begin(ctx, ids)
@@ -370,7 +376,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                 prog.phase_in_iter += 1
                 prog.global_phase += 1
                 iter_done = not prog.it_state.pending
-                last = iter_done and (prog.iteration + 1 >= budget_cfg.iterations or spent())
+                last = iter_done and (prog.iteration + 1 >= budget_cfg.iterations or spent() is not None)
                 if last or prog.global_phase % cfg.eval.every == 0:
                     last_eval = built.evaluate()
                     eval_metrics = last_eval

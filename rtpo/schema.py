@@ -117,6 +117,11 @@ class BudgetConfig(Section):
         description="stop at the first iteration boundary where this many rollouts are spent; a begun "
         "iteration always finishes, so a run can pass the cap by less than one iteration (null = no cap)",
     )
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="the same cap on generated response tokens (equal-token budgets; null = no cap)",
+    )
 
 
 class TrainConfig(Section):

@@ -265,11 +265,15 @@ _SYLLABLES = ("ka", "lo", "mi", "ren", "tu", "sa", "vor", "el", "di", "nam", "qu
 
 
 def _name(rng: random.Random, used: set[str], parts: int) -> str:
+    """A capitalised made-up word of at least `parts` syllables not in `used` (one syllable more after
+    every 50 collisions, so any number of distinct names can be drawn)."""
+    tries = 0
     while True:
-        word = "".join(rng.choice(_SYLLABLES) for _ in range(parts)).capitalize()
+        word = "".join(rng.choice(_SYLLABLES) for _ in range(parts + tries // 50)).capitalize()
         if word not in used:
             used.add(word)
             return word
+        tries += 1
 
 
 def write_multihop(path: str | os.PathLike, n: int, seed: int, distractors: int = 8, people_per_city: int = 2) -> Path:
