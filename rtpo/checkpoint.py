@@ -1,9 +1,18 @@
 """The run folder's layout and the checkpoint format: the one module that knows file names.
 
-A run folder holds `config.yaml` (the resolved scenario), `metrics.jsonl` (one line per phase),
-`checkpoint.pkl` (the latest checkpoint) and, once a first checkpoint exists, `checkpoint.id` (the run's
-fingerprint, written once and never changed).  `rtpo run`, `--resume` and `rtpo eval` read and write
-through the functions here.
+A run folder holds `config.yaml` (the resolved scenario), `metrics.jsonl` (one line per phase), the
+checkpoint history under `ckpt/` and, once a first checkpoint exists, `checkpoint.id` (the run's
+fingerprint, written once and never changed).  `rtpo run`, `--resume`, `rtpo eval` and `rtpo export`
+read and write through the functions here.
+
+    ckpt/
+        latest                  the name of the newest complete checkpoint folder (replaced atomically)
+        iter_3/state.ckpt       the state after 3 completed iterations (kept: the last `logging.keep_last`)
+        iter_3_phase_2/...      mid-iteration: iteration 4 with 2 of its phases done (only the newest is kept)
+
+A checkpoint folder is complete before `latest` names it, and older folders are pruned only after, so a
+process killed at any point leaves `latest` naming a loadable checkpoint.  Runs written before the
+history (a single `checkpoint.pkl` in the run folder) still resume and evaluate.
 
 Checkpoint file format (version 2): one line `RTPO-CHECKPOINT 2\\n`, one line of JSON
 `{"fingerprint", "sha256", "bytes"}`, then the pickled state.  The header lets a reader refuse a file
@@ -12,8 +21,8 @@ before unpickling anything: a foreign checkpoint (another run's fingerprint), a 
 run folder is touched.  Unpickling runs only on bytes whose digest the header vouches for — a checkpoint
 is trusted data of this run, never input from elsewhere.
 
-Resume never loses what exists: when `checkpoint.id` says a checkpoint was written but `checkpoint.pkl`
-is gone, resuming is refused rather than silently restarting from phase 0 over the existing metrics.
+Resume never loses what exists: when `checkpoint.id` says a checkpoint was written but the one `latest`
+names is gone, resuming is refused rather than silently restarting from phase 0 over the existing metrics.
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ import hashlib
 import json
 import os
 import pickle
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +40,10 @@ from rtpo.schema import ConfigError, ScenarioConfig
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
-CHECKPOINT = "checkpoint.pkl"
+CKPT_DIR = "ckpt"
+LATEST = "latest"
+STATE = "state.ckpt"
+CHECKPOINT = "checkpoint.pkl"  # the single checkpoint of runs written before the history (read only)
 CHECKPOINT_ID = "checkpoint.id"
 SUMMARY = "summary.md"
 SUMMARY_JSON = "summary.json"
@@ -37,6 +51,7 @@ CURVE = "learning_curve.png"
 VERSION = 2
 _MAGIC = b"RTPO-CHECKPOINT "
 _STATE_KEYS = ("version", "learner", "sampler", "rng", "budget", "progress")
+_NAME = re.compile(r"iter_(\d{1,9})(?:_phase_(\d{1,9}))?")
 
 
 def fingerprint(cfg: ScenarioConfig) -> str:
@@ -48,6 +63,19 @@ def fingerprint(cfg: ScenarioConfig) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync a folder; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `path` so that a crash leaves either the old file or the new one, never a torn one."""
     tmp = path.with_name(path.name + ".tmp")
@@ -56,26 +84,136 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def write_checkpoint(run_dir: Path, cfg: ScenarioConfig, state: dict[str, Any]) -> None:
-    """Atomically replace the run's checkpoint with `state` (a dict with the keys of _STATE_KEYS)."""
+def checkpoint_name(iteration: int, phase_in_iter: int | None = None) -> str:
+    """`iter_N` after N completed iterations; `iter_N_phase_P` inside iteration N+1 with P phases done."""
+    return f"iter_{iteration}" + (f"_phase_{phase_in_iter}" if phase_in_iter is not None else "")
+
+
+def _position(name: str) -> tuple[int, int] | None:
+    """Sort key of a checkpoint name: (N, 0) for iter_N, (N, P + 1) for iter_N_phase_P; None otherwise."""
+    m = _NAME.fullmatch(name)
+    if not m:
+        return None
+    return (int(m.group(1)), 0 if m.group(2) is None else int(m.group(2)) + 1)
+
+
+def _encode(cfg: ScenarioConfig, state: dict[str, Any]) -> bytes:
     payload = pickle.dumps({"version": VERSION, **state}, protocol=pickle.HIGHEST_PROTOCOL)
-    fp = fingerprint(cfg)
-    header = {"fingerprint": fp, "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}
-    atomic_write_bytes(
-        run_dir / CHECKPOINT, _MAGIC + f"{VERSION}\n".encode() + json.dumps(header).encode() + b"\n" + payload
-    )
+    header = {"fingerprint": fingerprint(cfg), "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}
+    return _MAGIC + f"{VERSION}\n".encode() + json.dumps(header).encode() + b"\n" + payload
+
+
+def write_checkpoint(
+    run_dir: Path, cfg: ScenarioConfig, state: dict[str, Any], name: str, keep_last: int | None = None
+) -> Path:
+    """Write `state` (a dict with the keys of _STATE_KEYS) as checkpoint `name` of the run, make it the
+    latest, then prune: every older mid-iteration checkpoint, and iteration checkpoints beyond the newest
+    `keep_last` (None: keep all).  Order matters: complete folder, then pointer, then pruning — a kill at
+    any step leaves `latest` naming a complete checkpoint.  Returns the folder."""
+    if _position(name) is None:
+        raise ValueError(f"checkpoint name {name!r} is not iter_N or iter_N_phase_P")
+    run_dir = Path(run_dir)
+    root = run_dir / CKPT_DIR
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(folder / STATE, _encode(cfg, state))  # re-saving a position replaces the file atomically
+    _fsync_dir(root)
+    atomic_write_text(root / LATEST, name + "\n")
     if not (run_dir / CHECKPOINT_ID).exists():
-        atomic_write_text(run_dir / CHECKPOINT_ID, fp + "\n")
+        atomic_write_text(run_dir / CHECKPOINT_ID, fingerprint(cfg) + "\n")
+    _prune(root, name, keep_last)
+    return folder
+
+
+def _prune(root: Path, latest: str, keep_last: int | None) -> None:
+    names = sorted((p.name for p in root.iterdir() if p.is_dir() and _position(p.name)), key=_position)
+    whole = [n for n in names if _position(n)[1] == 0 and n != latest]
+    drop = [n for n in names if _position(n)[1] != 0 and n != latest]
+    if keep_last is not None:
+        keep = keep_last - (1 if _position(latest)[1] == 0 else 0)
+        drop += whole[: max(len(whole) - keep, 0)]
+    for n in drop:
+        shutil.rmtree(root / n, ignore_errors=True)
+
+
+def discard_uncommitted(run_dir: Path) -> None:
+    """Before a resumed run writes: remove checkpoint folders newer than `latest` (written by a process
+    killed before it moved the pointer) and stray temporary files, so that pruning counts only history."""
+    root = Path(run_dir) / CKPT_DIR
+    name = latest_name(run_dir)
+    if name is None or not root.is_dir():
+        return
+    here = _position(name)
+    for p in root.iterdir():
+        pos = _position(p.name)
+        if p.is_dir() and pos is not None and pos > here:
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.is_dir() and pos is not None:
+            (p / (STATE + ".tmp")).unlink(missing_ok=True)
+    (root / (LATEST + ".tmp")).unlink(missing_ok=True)
+
+
+def latest_name(run_dir: Path) -> str | None:
+    """The checkpoint `ckpt/latest` names, None when there is no pointer; a corrupt pointer is an error."""
+    path = Path(run_dir) / CKPT_DIR / LATEST
+    try:
+        text = path.read_text(encoding="ascii", errors="strict").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError):
+        raise ConfigError(f"{path}: unreadable checkpoint pointer") from None
+    if _position(text) is None:
+        raise ConfigError(f"{path}: corrupt checkpoint pointer (names no iter_N checkpoint)")
+    return text
+
+
+def latest_path(run_dir: Path) -> Path | None:
+    """The file of the run's latest checkpoint (`ckpt/<latest>/state.ckpt`, or a pre-history run's
+    `checkpoint.pkl`), None when the run has none.  The file may be missing: resume_state refuses then."""
+    run_dir = Path(run_dir)
+    name = latest_name(run_dir)
+    if name is not None:
+        return run_dir / CKPT_DIR / name / STATE
+    return run_dir / CHECKPOINT if (run_dir / CHECKPOINT).is_file() else None
 
 
 def has_checkpoint(run_dir: Path) -> bool:
-    return (Path(run_dir) / CHECKPOINT).is_file()
+    path = latest_path(run_dir)
+    return path is not None and path.is_file()
+
+
+def iterations_saved(run_dir: Path) -> list[int]:
+    """The N of every complete `ckpt/iter_N` (iteration-boundary) checkpoint, ascending."""
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        pos = _position(p.name)
+        if pos is not None and pos[1] == 0 and (p / STATE).is_file():
+            out.append(pos[0])
+    return sorted(out)
+
+
+def iteration_path(run_dir: Path, iteration: int) -> Path:
+    """The file of checkpoint `ckpt/iter_N` (the state after N iterations); a one-line error naming the
+    iterations that are there when it is not."""
+    path = Path(run_dir) / CKPT_DIR / checkpoint_name(iteration) / STATE
+    if iteration < 0 or not path.is_file():
+        have = iterations_saved(run_dir)
+        listed = ", ".join(map(str, have)) if have else "none"
+        raise ConfigError(
+            f"--iter {iteration}: {run_dir} has no checkpoint after iteration {iteration} "
+            f"(saved iterations: {listed}; logging.keep_last and logging.checkpoint_every decide which are kept)"
+        )
+    return path
 
 
 def read_checkpoint(path: Path, cfg: ScenarioConfig | None = None) -> dict[str, Any]:
@@ -121,18 +259,25 @@ def read_checkpoint(path: Path, cfg: ScenarioConfig | None = None) -> dict[str, 
     return state
 
 
-def resume_state(run_dir: Path, cfg: ScenarioConfig) -> dict[str, Any] | None:
-    """The latest checkpoint of run `run_dir`, or None when the run never wrote one.  Refuses (one line)
-    a checkpoint of another run, a corrupt one, and a checkpoint that was written but is gone."""
+def resume_state(run_dir: Path, cfg: ScenarioConfig, iteration: int | None = None) -> dict[str, Any] | None:
+    """The latest checkpoint of run `run_dir` (or, given `iteration`, `ckpt/iter_<iteration>`), or None
+    when the run never wrote one.  Refuses (one line) a checkpoint of another run, a corrupt one, and a
+    checkpoint that was written but is gone."""
     run_dir = Path(run_dir)
-    if has_checkpoint(run_dir):
-        state = read_checkpoint(run_dir / CHECKPOINT, cfg)
+    if iteration is not None:
+        state = read_checkpoint(iteration_path(run_dir, iteration), cfg)
         _check_id(run_dir, cfg)
         return state
-    if (run_dir / CHECKPOINT_ID).exists():
+    path = latest_path(run_dir)
+    if path is not None and path.is_file():
+        state = read_checkpoint(path, cfg)
+        _check_id(run_dir, cfg)
+        return state
+    if path is not None or (run_dir / CHECKPOINT_ID).exists():
+        missing = path.relative_to(run_dir) if path is not None else f"{CKPT_DIR}/{LATEST}"
         raise ConfigError(
-            f"--resume {run_dir}: {CHECKPOINT} is missing but the run wrote one ({CHECKPOINT_ID}); refusing to "
-            f"restart from phase 0 over its {METRICS} (move the folder aside to start anew)"
+            f"--resume {run_dir}: the checkpoint {missing} is missing but the run wrote one ({CHECKPOINT_ID}); "
+            f"refusing to restart from phase 0 over its {METRICS} (move the folder aside to start anew)"
         )
     return None
 
@@ -152,7 +297,7 @@ def read_metrics(run_dir: Path, limit: int | None = None) -> list[dict]:
     if not path.exists():
         return []
     out = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in path.read_text(errors="replace").split("\n"):
         if limit is not None and len(out) >= limit:
             break
         try:

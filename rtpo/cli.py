@@ -1,6 +1,7 @@
 """The `rtpo` command: run a scenario, solve it exactly, and dispatch to `verify` and `compare`.
 
-    rtpo run [SCENARIO] [key=value ...] [--resume RUN_DIR] [--out DIR]
+    rtpo run [SCENARIO] [key=value ...] [--out DIR]
+    rtpo run --resume RUN_DIR [budget.KEY=value | logging.KEY=value ...] [--iter N [--out DIR]]
     rtpo solve SCENARIO [key=value ...]
     rtpo eval TARGET [key=value ...] [--samples N] [--k 1,4,8] [--queries Q|all] [--split eval|train]
               [--seed S] [--threshold T] [--out FILE]      (rtpo.eval)
@@ -55,7 +56,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="[SCENARIO] [key=value ...]",
         help="scenario YAML file, then overrides such as method.G=6 budget.iterations=10",
     )
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run from its latest checkpoint; budget.*/logging.* overrides extend or change it "
+        "(e.g. budget.iterations=40 continues a finished run)",
+    )
+    run.add_argument(
+        "--iter",
+        type=int,
+        metavar="N",
+        help="with --resume: start from the checkpoint after iteration N, in a new run folder under --out",
+    )
     run.add_argument("--out", metavar="DIR", default="runs", help="folder that receives the run folder (default: runs)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     solve = sub.add_parser("solve", help="exact optimum and recursively optimal policy of a scenario")
@@ -70,9 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "target",
         metavar="TARGET",
-        help="a scenario file (its initial policy), a run folder of `rtpo run` or its checkpoint.pkl "
-        "(the latest checkpoint's policy), or a HF model folder with --scenario",
+        help="a scenario file (its initial policy), a run folder of `rtpo run` (its latest checkpoint's "
+        "policy, or with --iter N the one after iteration N) or a checkpoint file in it, or a HF model "
+        "folder with --scenario",
     )
+    ev.add_argument("--iter", type=int, metavar="N", help="with a run folder: the checkpoint after iteration N")
     ev.add_argument(
         "overrides",
         nargs="*",
@@ -133,10 +147,22 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     scenario, overrides = _split_scenario(ns.args)
     try:
         if ns.resume is not None:
-            if scenario is not None or overrides:
-                return _fail("--resume continues a run with its own config.yaml; give no scenario or overrides")
-            result = run_scenario(None, out_root=Path(ns.out), resume=ns.resume, progress=not ns.no_progress)
+            if scenario is not None:
+                return _fail(
+                    f"--resume continues a run with its own config.yaml; give no scenario ({scenario!r}), "
+                    "only budget.* or logging.* overrides"
+                )
+            result = run_scenario(
+                None,
+                out_root=Path(ns.out),
+                resume=ns.resume,
+                progress=not ns.no_progress,
+                overrides=overrides,
+                iteration=ns.iter,
+            )
         else:
+            if ns.iter is not None:
+                return _fail("--iter N goes with --resume RUN_DIR (or with rtpo eval / rtpo export)")
             cfg = load_scenario(scenario, overrides)
             result = run_scenario(cfg, out_root=Path(ns.out), progress=not ns.no_progress)
     except ConfigError as e:
@@ -196,7 +222,7 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
             queries = int(queries)
         if ns.chunk is not None and ns.chunk < 1:
             return _fail(f"--chunk: must be >= 1, got {ns.chunk}")
-        tgt = resolve_target(target, overrides, ns.scenario)
+        tgt = resolve_target(target, overrides, ns.scenario, ns.iter)
         out = Path(ns.out) if ns.out else default_out(tgt, ns.split)
         report = evaluate_target(tgt, ks, ns.samples, queries, ns.split, ns.seed, ns.threshold, ns.chunk)
     except (ConfigError, ValueError) as e:

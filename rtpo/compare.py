@@ -10,6 +10,8 @@
   starts from the scenario's method settings; any other starts from its own defaults.
 - `key=value` overrides apply to every run; a `method.X=v` override applies to the methods whose
   Config has a field X and is skipped for the others.
+- Equal tokens instead: with `budget.max_tokens=T` every method runs until it has generated T response
+  tokens (checked at iteration boundaries; the last iteration may run past T and the table says so).
 - The budget B: `budget.max_rollouts` if the scenario sets it, else what the scenario's own method plans
   for `budget.iterations` iterations (iterations × rollouts_per_query(K) × queries_per_iteration).
   Each method runs the whole iterations that fit in B (B // (its rollouts_per_query × queries), at
@@ -22,6 +24,8 @@
   samples per turn (batch rows of turn k over the run, from each phase's `samples/turn_<k>`).  On the
   tabular backends it also prints which regime the task is in before training (the exact variance
   decomposition and RTPO/GRPO information index of rtpo.tabular.diagnostic).
+- Tabular rows also give the normalised gain (V − V_uniform)/(V* − V_uniform) and how many seeds ended
+  locked onto a wrong first action (eval/first_action_wrong > 1/2 at the last evaluation).
 - `--sweep key=v1,v2,...` repeats the whole comparison for each value (e.g. task.num_turns=3,4,5).
 - Seeds are scenario.seed + 0..N−1.  Runs go to 2 worker processes (single-threaded torch each,
   forked where the platform allows) whenever more than one run is queued.
@@ -58,6 +62,7 @@ CURVE_KEYS = (
     "eval/v_star",
     "eval/v_star_psi",
     "eval/v_uniform",
+    "eval/first_action_wrong",
     "consistency/rollout_train_ratio",
     "adv/zero_rate",
 )
@@ -170,6 +175,7 @@ def build_jobs(
     points: list[str | None] = [None] if sweep is None else list(sweep[1])
     jobs: list[Job] = []
     budgets: dict[str, int] = {}
+    units: set[str] = set()
     diagnostics: dict[str, list[str]] = {}
     for point in points:
         base = copy.deepcopy(raw)
@@ -182,11 +188,12 @@ def build_jobs(
         )
         base_cfg = parse_scenario(_with_method_overrides(base, base["method"], point_method_ov))
         num_turns = _num_turns(base_cfg)
-        budget = _plan_budget(base_cfg, num_turns)
+        token_budget = base_cfg.budget.max_tokens
+        budget = int(token_budget) if token_budget is not None else _plan_budget(base_cfg, num_turns)
         budgets[str(point)] = budget
+        units.add("tokens" if token_budget is not None else "rollouts")
         diagnostic = get_backend(base_cfg.backend.kind).diagnostic
-        if diagnostic is not None:
-            diagnostics[str(point)] = diagnostic(base_cfg)
+        diag_cfg = base_cfg  # replaced by the first compared RTPO variant's, so the index uses its G
         for label, (name, kv) in zip(labels, specs):
             from rtpo.core import methods
 
@@ -195,13 +202,16 @@ def build_jobs(
             msec = _inherited_method(base["method"], name)
             msec.update(kv)
             data = _with_method_overrides(base, msec, point_method_ov)
-            data["budget"] = {**(data.get("budget") or {}), "max_rollouts": budget, "iterations": 10**9}
-            try:
-                iters = _whole_iterations(parse_scenario(data), budget, num_turns)
-            except ConfigError as e:
-                raise ConfigError(f"--methods {label}: {e}") from None
-            if iters is not None:
-                data["budget"]["iterations"] = iters
+            if token_budget is not None:  # equal tokens: no method's tokens per iteration are known ahead
+                data["budget"] = {**(data.get("budget") or {}), "max_tokens": budget, "iterations": 10**9}
+            else:
+                data["budget"] = {**(data.get("budget") or {}), "max_rollouts": budget, "iterations": 10**9}
+                try:
+                    iters = _whole_iterations(parse_scenario(data), budget, num_turns)
+                except ConfigError as e:
+                    raise ConfigError(f"--methods {label}: {e}") from None
+                if iters is not None:
+                    data["budget"]["iterations"] = iters
             data["logging"] = {**(data.get("logging") or {}), "progress": False, "plot": False}
             for i in range(seeds):
                 d = copy.deepcopy(data)
@@ -210,6 +220,8 @@ def build_jobs(
                     cfg = parse_scenario(d)
                 except ConfigError as e:
                     raise ConfigError(f"--methods {label}: {e}") from None
+                if i == 0 and name.startswith("rtpo") and diag_cfg is base_cfg:
+                    diag_cfg = cfg
                 jobs.append(
                     Job(
                         label,
@@ -222,7 +234,12 @@ def build_jobs(
                         resolved_settings(cfg),
                     )
                 )
-    return jobs, {"scenario": stem, "budgets": budgets, "diagnostics": diagnostics}
+        if diagnostic is not None:
+            diagnostics[str(point)] = diagnostic(diag_cfg)
+    if len(units) > 1:
+        raise ConfigError("--sweep: budget.max_tokens must be set for every swept value or for none")
+    unit = units.pop() if units else "rollouts"
+    return jobs, {"scenario": stem, "budgets": budgets, "budget_unit": unit, "diagnostics": diagnostics}
 
 
 def resolved_settings(cfg) -> dict:
@@ -378,6 +395,13 @@ def _samples_per_turn(curve: list[dict]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
+def _wrong_first_action(curve: list[dict]) -> bool | None:
+    """Whether the run ended locked onto a wrong first action: at its last evaluation, more than half
+    of the start-state mass has a most likely turn-0 action that is not optimal (tabular)."""
+    last = [c for c in curve if "eval/first_action_wrong" in c]
+    return None if not last else bool(last[-1]["eval/first_action_wrong"] > 0.5)
+
+
 def aggregate(outcomes: list[Outcome]) -> list[dict]:
     """One row per (sweep value, label): mean ± 95% interval over seeds of each quantity."""
     groups: dict[tuple, list[Outcome]] = {}
@@ -401,6 +425,7 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
                     "seed": o.job.seed,
                     "value_over_optimum": s.get("value_over_optimum"),
                     "normalised_gain": _normalised_gain(o.curve),
+                    "wrong_first_action": _wrong_first_action(o.curve),
                     "final_value": s.get("final_value"),
                     "reached_target": s.get("reached_target"),
                     "zero_advantage_rate": s.get("zero_advantage_rate_mean"),
@@ -431,6 +456,8 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
             m, h = mean_ci([p[key] for p in row["per_seed"] if p[key] is not None])
             row[key] = {"mean": m, "ci95": h}
         row["reached_target"] = sum(bool(p["reached_target"]) for p in row["per_seed"])
+        wrong = [p["wrong_first_action"] for p in row["per_seed"] if p["wrong_first_action"] is not None]
+        row["wrong_first_action"] = sum(wrong) if wrong else None
         row["settings"] = outs[0].job.settings
         turns = sorted({k for p in row["per_seed"] for k in p["samples_per_turn"]}, key=int)
         row["samples_per_turn"] = {
@@ -459,6 +486,7 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         "gain",
         "final value",
         "reached target",
+        "wrong first action",
         "zero-adv rate",
         "rollout/train ratio",
         "max abs(ratio−1)",
@@ -472,9 +500,11 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         "",
         f"Command: `{meta['command']}`",
         "",
-        f"Equal rollout budget per run (SPEC §2.3): {', '.join(f'{v}' for v in meta['budgets'].values())}; "
+        f"Equal {meta.get('budget_unit', 'rollouts')[:-1]} budget per run (SPEC §2.3): "
+        f"{', '.join(f'{v}' for v in meta['budgets'].values())} {meta.get('budget_unit', 'rollouts')}; "
         f"{meta['seeds']} seeds; mean ± 95% t-interval over seeds.  gain = (V − V_uniform) / (V* − V_uniform) "
-        "at the last evaluation (tabular).",
+        "at the last evaluation (tabular); wrong first action = seeds whose final policy's most likely turn-0 "
+        "action is not optimal for most of the start-state mass.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -487,6 +517,7 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
             _pm(r["normalised_gain"]),
             _pm(r["final_value"]),
             f"{r['reached_target']}/{n_ok}",
+            "–" if r.get("wrong_first_action") is None else f"{r['wrong_first_action']}/{n_ok}",
             _pm(r["zero_advantage_rate"]),
             _pm(r["rollout_train_ratio"], 4),
             _pm(r["max_abs_ratio_minus_1"], 4),
@@ -506,15 +537,21 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         per = ", ".join(f"{k}: {v:.0f}" for k, v in r.get("samples_per_turn", {}).items())
         lines.append(f"- {r['method']}{where}: {per or '–'}")
     lines += ["", "Method settings, resolved (what each row ran):", "", *settings_lines(rows)]
+    unit = meta.get("budget_unit", "rollouts")
     over = [
-        (r["method"], r["sweep"], r["rollouts"]["mean"])
+        (r["method"], r["sweep"], r[unit]["mean"])
         for r in rows
-        if r["per_seed"] and r["rollouts"]["mean"] > meta["budgets"].get(str(r["sweep"]), math.inf)
+        if r["per_seed"] and r[unit]["mean"] > meta["budgets"].get(str(r["sweep"]), math.inf)
     ]
     if over:
-        lines += ["", "Over budget (one whole iteration costs more than the budget; it ran and is reported):"]
+        why = (
+            "one whole iteration costs more than the budget"
+            if unit == "rollouts"
+            else "the cap is checked at iteration boundaries, so the last iteration runs past it"
+        )
+        lines += ["", f"Over budget ({why}; it ran and is reported):"]
         lines += [
-            f"- {m}{'' if p is None else f' at {sweep_key}={p}'}: {v:.0f} rollouts > {meta['budgets'][str(p)]}"
+            f"- {m}{'' if p is None else f' at {sweep_key}={p}'}: {v:.0f} {unit} > {meta['budgets'][str(p)]}"
             for m, p, v in over
         ]
     for point, diag in (meta.get("diagnostics") or {}).items():
@@ -538,16 +575,18 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines)
 
 
-def _band(outs: list[Outcome], key: str, grid: np.ndarray, normalise: bool) -> tuple[np.ndarray, np.ndarray] | None:
-    """Mean and 95% half-width over seeds of `key` interpolated on a rollout grid (step-wise hold)."""
+def _band(
+    outs: list[Outcome], key: str, grid: np.ndarray, normalise: bool, x_key: str = "budget/rollouts"
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Mean and 95% half-width over seeds of `key` interpolated on a spend grid of `x_key` (step-wise hold)."""
     from scipy import stats
 
     ys = []
     for o in outs:
         pts = [
-            (c["budget/rollouts"], c[key] / c["eval/v_star"] if normalise else c[key])
+            (c[x_key], c[key] / c["eval/v_star"] if normalise else c[key])
             for c in o.curve
-            if key in c and "budget/rollouts" in c and (not normalise or c.get("eval/v_star"))
+            if key in c and x_key in c and (not normalise or c.get("eval/v_star"))
         ]
         if not pts:
             continue
@@ -585,7 +624,7 @@ def write_plots(outcomes: list[Outcome], rows: list[dict], meta: dict, out: Path
             grid = np.linspace(0, budget, 200)
             for lab in labels:
                 outs = [o for o in ok if o.job.label == lab and o.job.sweep == point]
-                band = _band(outs, key, grid, normalise)
+                band = _band(outs, key, grid, normalise, f"budget/{meta.get('budget_unit', 'rollouts')}")
                 if band is None:
                     continue
                 m, h = band
@@ -601,12 +640,12 @@ def write_plots(outcomes: list[Outcome], rows: list[dict], meta: dict, out: Path
                     if "eval/v_star_psi" in c and c.get("eval/v_star")
                 ]
                 if psi and psi[0] < 1 - 1e-9:
-                    ax.axhline(psi[0], color="k", ls=":", lw=1, label="V*_ψ")
+                    ax.axhline(psi[0], color="k", ls=":", lw=1, label="V*_ψ (recursive optimum)")
             else:
                 ax.axhline(1.0, color="k", ls="--", lw=1)
             title = meta["scenario"] if point is None else f"{meta['scenario']}  {meta['sweep_key']}={point}"
             ax.set_title(title, fontsize=9)
-            ax.set_xlabel("rollouts spent")
+            ax.set_xlabel(f"{meta.get('budget_unit', 'rollouts')} spent")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="best")

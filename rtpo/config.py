@@ -9,8 +9,10 @@ that starts with the offending key (`method.G: must be >= 2 ..., got 1`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -176,6 +178,33 @@ def load_scenario(path: str | Path | None, overrides: list[str] | tuple[str, ...
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a mapping of sections, got {_fmt_input(data)}")
+    before = data.get("method", {}).get("name") if isinstance(data.get("method"), dict) else None
     for ov in overrides:
         apply_override(data, ov)
+    _switch_method(data, before, overrides)
     return parse_scenario(data)
+
+
+def _switch_method(data: dict, before: Any, overrides) -> None:
+    """`method.name=<other>` on the command line: keep the file's method keys the other method also has,
+    drop the rest (named on stderr) — the file's `trunks_per_query` means nothing to GRPO.  Keys given
+    on the command line are always kept (and validated)."""
+    method = data.get("method")
+    if not isinstance(method, dict) or method.get("name") == before or before is None:
+        return
+    from rtpo.core import methods
+
+    try:
+        cfg_cls = methods.get(method.get("name")).Config
+    except (KeyError, ValueError, AttributeError):
+        return  # an unknown name: parse_scenario says so
+    known = {f.name for f in dataclasses.fields(cfg_cls)} | {"name"}
+    given = {ov.partition("=")[0].strip().split(".", 1)[1] for ov in overrides if ov.strip().startswith("method.")}
+    dropped = sorted(k for k in method if k not in known and k not in given)
+    for k in dropped:
+        del method[k]
+    if dropped:
+        print(
+            f"note: method {method['name']!r} has no {', '.join(dropped)} (from the scenario's {before!r}); dropped",
+            file=sys.stderr,
+        )

@@ -110,7 +110,8 @@ def _lines(data: dict, meanings: dict[str, Any], defaults: dict[str, Any], inden
     for key, value in data.items():
         meaning = meanings.get(key, "") if isinstance(meanings, dict) else ""
         meaning = meaning if isinstance(meaning, str) else ""
-        if isinstance(value, dict) and value:
+        section = isinstance(meanings, dict) and isinstance(meanings.get(key + "."), dict)
+        if isinstance(value, dict) and value and (section or indent == 0):
             note = f"  # {meaning}" if meaning else ""
             out.append(f"{pad}{key}:{note}")
             sub = meanings.get(key + ".", {}) if isinstance(meanings, dict) else {}
@@ -246,7 +247,15 @@ def schema() -> dict:
         "logging": LoggingConfig.model_json_schema(),
         "resources": {"type": ["object", "null"], "description": _TOP["resources"]},
     }
-    return {
+    # pydantic puts sub-models under each model's own "$defs" but refers to them from the document root
+    # ("#/$defs/X"): hoist them all to the root so every reference resolves
+    defs: dict[str, Any] = {}
+    for variant in (*backend_variants, *task_variants, *(sections[k] for k in ("budget", "train", "eval", "logging"))):
+        for name, sub in variant.pop("$defs", {}).items():
+            if name in defs and defs[name] != sub:
+                raise RuntimeError(f"two config models are both named {name!r} with different schemas")
+            defs[name] = sub
+    out = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "rtpo scenario",
         "type": "object",
@@ -254,6 +263,9 @@ def schema() -> dict:
         "required": ["name", "backend", "task", "method"],
         "additionalProperties": False,
     }
+    if defs:
+        out["$defs"] = defs
+    return out
 
 
 def _task_schemas(spec) -> list[dict]:

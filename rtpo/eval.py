@@ -1,7 +1,7 @@
 """`rtpo eval`: evaluate a scenario's initial policy, a run's checkpoint or a HF model folder.
 
-    rtpo eval TARGET [key=value ...] [--samples N] [--k 1,4,8] [--queries Q|all] [--split eval|train]
-                     [--seed S] [--threshold T] [--out FILE]
+    rtpo eval TARGET [key=value ...] [--iter N] [--samples N] [--k 1,4,8] [--queries Q|all]
+                     [--split eval|train] [--seed S] [--threshold T] [--out FILE]
 
 The metrics are rtpo.evaluation's (re-exported here); this module resolves the target, builds its backend,
 loads the checkpoint's policy and writes the report.
@@ -50,29 +50,37 @@ def parse_ks(text: str) -> list[int]:
     return sorted({int(p) for p in parts})
 
 
-def resolve_target(target: str, overrides: Sequence[str] = (), scenario: str | None = None) -> EvalTarget:
-    """TARGET = a scenario file (its initial policy), a run folder of `rtpo run` or its checkpoint.pkl
-    (the checkpoint's policy; the run's config.yaml plus overrides), or a HF model folder (one written
-    by save_pretrained) together with `scenario` (which gets backend.model=<folder>)."""
-    from rtpo.checkpoint import CHECKPOINT, CONFIG
+def resolve_target(
+    target: str, overrides: Sequence[str] = (), scenario: str | None = None, iteration: int | None = None
+) -> EvalTarget:
+    """TARGET = a scenario file (its initial policy), a run folder of `rtpo run` (its latest checkpoint,
+    or with `iteration` the one after that many iterations) or a checkpoint file in it (the checkpoint's
+    policy; the run's config.yaml plus overrides), or a HF model folder (one written by save_pretrained
+    or `rtpo export`) together with `scenario` (which gets backend.model=<folder>)."""
+    from rtpo.checkpoint import CKPT_DIR, CONFIG, STATE, iteration_path, latest_path
     from rtpo.config import ConfigError, load_scenario
 
     p = Path(target)
     if not p.exists():
         raise ConfigError(f"{target}: no such scenario file, run folder or checkpoint")
-    if p.is_file() and p.suffix == ".pkl":
-        run_dir = p.parent
+    if iteration is not None and not (p.is_dir() and (p / CONFIG).is_file()):
+        raise ConfigError(f"--iter {iteration}: goes with a run folder target, not with {target}")
+    if p.is_dir() and (p / STATE).is_file() and p.parent.name == CKPT_DIR:
+        p = p / STATE  # a checkpoint folder RUN/ckpt/iter_N
+    if p.is_file() and (p.suffix == ".pkl" or p.name == STATE):
+        run_dir = p.parent if p.suffix == ".pkl" else p.parent.parent.parent
         if not (run_dir / CONFIG).is_file():
-            raise ConfigError(f"{target}: a checkpoint outside a run folder (no {CONFIG} beside it)")
+            raise ConfigError(f"{target}: a checkpoint outside a run folder (no {CONFIG} where it belongs)")
         return EvalTarget(load_scenario(run_dir / CONFIG, list(overrides)), "run", p, run_dir, p)
     if p.is_file():
         if scenario is not None:
             raise ConfigError(f"--scenario goes with a HF model folder target, not with the scenario file {target}")
         return EvalTarget(load_scenario(p, list(overrides)), "scenario", p)
     if (p / CONFIG).is_file():
-        if not (p / CHECKPOINT).is_file():
-            raise ConfigError(f"{target}: run folder without a checkpoint (no {CHECKPOINT}; the run wrote no phase)")
-        return EvalTarget(load_scenario(p / CONFIG, list(overrides)), "run", p, p, p / CHECKPOINT)
+        ckpt = iteration_path(p, iteration) if iteration is not None else latest_path(p)
+        if ckpt is None or not ckpt.is_file():
+            raise ConfigError(f"{target}: run folder without a checkpoint (no {CKPT_DIR}/; the run wrote no phase)")
+        return EvalTarget(load_scenario(p / CONFIG, list(overrides)), "run", p, p, ckpt)
     if (p / "config.json").is_file():
         if scenario is None:
             raise ConfigError(f"{target}: a HF model folder needs --scenario FILE (it is evaluated as backend.model)")
@@ -185,9 +193,15 @@ def evaluate_target(
 
 
 def default_out(target: EvalTarget, split: str) -> Path:
-    """<run folder>/eval.json for a run (eval-train.json for the train split), else ./eval-<name>.json."""
+    """<run folder>/eval.json for a run's latest checkpoint (eval-train.json for the train split;
+    eval-iter_N.json for checkpoint ckpt/iter_N), else ./eval-<name>.json."""
     suffix = "" if split == "eval" else f"-{split}"
     if target.run_dir is not None:
+        from rtpo.checkpoint import latest_path
+
+        ckpt = target.checkpoint
+        if ckpt is not None and ckpt != latest_path(target.run_dir) and ckpt.parent.name.startswith("iter_"):
+            return target.run_dir / f"eval-{ckpt.parent.name}{suffix}.json"
         return target.run_dir / f"eval{suffix}.json"
     return Path(f"eval-{target.cfg.name}{suffix}.json")
 

@@ -160,6 +160,20 @@ class EvalSamples:
                 "normal_termination_rate": (
                     None if c is None or "end/normal" not in c else float(c["end/normal"]) / episodes
                 ),
+                # multi-hop QA (Table 1, F.1): answer F1/EM per episode, searches per episode, and the
+                # share of the gold supporting titles the searches retrieved (rtpo.llm.tools.search)
+                "f1_mean": None if c is None or "answer/f1" not in c else float(c["answer/f1"]) / episodes,
+                "em_mean": None if c is None or "answer/em" not in c else float(c["answer/em"]) / episodes,
+                "search_calls_mean": (
+                    None
+                    if c is None or "tool/search/episodes" not in c
+                    else float(c.get("tool/search/calls", 0)) / episodes
+                ),
+                "retrieval_recall": (
+                    None
+                    if c is None or not c.get("tool/search/recall_episodes")
+                    else float(c["tool/search/recall"]) / float(c["tool/search/recall_episodes"])
+                ),
                 "num_problems": self.num_problems,
                 "samples_per_problem": self.samples,
                 "num_episodes": int(episodes),
@@ -231,6 +245,10 @@ _IN_RUN_KEYS = {
     "tokens_per_success": "eval/tokens_per_success",
     "tool_error_calls": "eval/tool_error_calls",
     "normal_termination_rate": "eval/normal_termination_rate",
+    "f1_mean": "eval/f1",
+    "em_mean": "eval/em",
+    "search_calls_mean": "eval/search_calls_mean",
+    "retrieval_recall": "eval/retrieval_recall",
 }
 
 

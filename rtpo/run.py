@@ -3,7 +3,8 @@
     runs/<scenario>-<method>-<seed>-<time>/
         config.yaml      the resolved scenario (what `--resume` reloads)
         metrics.jsonl    one line per phase: counters, method metrics, evaluation, budget, wall time
-        checkpoint.pkl   written atomically after every phase (everything needed to continue exactly)
+        ckpt/            checkpoints (rtpo.checkpoint): iter_N/ per saved iteration (the last
+                         logging.keep_last), the newest mid-iteration one, and `latest`
         learning_curve.png, summary.md, summary.json   written when the run ends
 
 The loop is backend-agnostic: the backend comes from rtpo.backends by `backend.kind`, the method from
@@ -16,7 +17,9 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,14 +67,14 @@ class _Progress:
     stopped_by: str | None = None
 
 
-def _new_run_dir(out_root: Path, cfg: ScenarioConfig) -> Path:
+def _new_run_dir(out_root: Path, cfg: ScenarioConfig, stem: str | None = None) -> Path:
     if out_root.exists() and not out_root.is_dir():
         raise ConfigError(f"--out {out_root}: exists and is not a folder")
     try:
         out_root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"--out {out_root}: cannot create the folder ({e.strerror or e})") from None
-    stem = f"{cfg.name}-{cfg.method.name}-{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = stem or f"{cfg.name}-{cfg.method.name}-{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     for i in range(1, 1000):
         path = out_root / (stem if i == 1 else f"{stem}-{i}")
         try:
@@ -101,7 +104,9 @@ def _save_checkpoint(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, pr
         "budget": dataclasses.asdict(ctx.budget),
         "progress": {f.name: getattr(prog, f.name) for f in dataclasses.fields(prog)},
     }
-    checkpoint.write_checkpoint(run_dir, cfg, state)
+    # at an iteration boundary the checkpoint joins the history (iter_N); inside one it is transient
+    name = checkpoint.checkpoint_name(prog.iteration, None if prog.it_state is None else prog.phase_in_iter)
+    checkpoint.write_checkpoint(run_dir, cfg, state, name, cfg.logging.keep_last)
 
 
 def _restore(state: dict, built: BuiltBackend) -> _Progress:
@@ -111,7 +116,9 @@ def _restore(state: dict, built: BuiltBackend) -> _Progress:
     ctx.rng.bit_generator.state = state["rng"]
     ctx.budget = Budget(**state["budget"])
     prog = _Progress(**state["progress"])
-    if prog.stopped_by == "interrupted":  # Ctrl-C stopped it at a phase boundary: carry on from there
+    # Ctrl-C stopped it at a phase boundary: carry on from there; a finished run re-checks its budget,
+    # which a resume may have raised (budget.iterations / budget.max_rollouts)
+    if prog.stopped_by in ("interrupted", "iterations", "max_rollouts"):
         prog.stopped_by = None
     return prog
 
@@ -217,15 +224,24 @@ class _SafeInterrupt:
             signal.signal(signal.SIGINT, self._old)
 
 
+RESUMABLE = ("budget.", "logging.")  # what a resume may change: how far a run goes and how it reports
+
+
 def run_scenario(
     cfg: ScenarioConfig | None,
     out_root: Path = Path("runs"),
     resume: str | Path | None = None,
     progress: bool = True,
+    overrides: Sequence[str] = (),
+    iteration: int | None = None,
 ) -> RunResult:
     """Run (or, with resume=RUN_DIR, continue) a scenario; returns the folder, all metrics and the summary.
 
     On resume the run's own config.yaml is authoritative; a `cfg` that differs from it is an error.
+    `overrides` (budget.* and logging.* keys only) change it for the rest of the run, e.g. a larger
+    `budget.iterations` continues a finished run exactly as one longer run would have gone on; the run's
+    config.yaml records the change.  `iteration=N` resumes from checkpoint `ckpt/iter_N` into a new run
+    folder under `out_root` (the original keeps all of its metrics and checkpoints).
     """
     state = None
     if resume is not None:
@@ -235,11 +251,25 @@ def run_scenario(
         saved = load_scenario(run_dir / CONFIG)
         if cfg is not None and cfg.to_dict() != saved.to_dict():
             raise ConfigError(f"--resume {run_dir}: the given scenario differs from the run's {CONFIG}")
-        cfg = saved
-        state = checkpoint.resume_state(run_dir, cfg)  # verified before anything is built or touched
+        for item in overrides:
+            key = str(item).split("=", 1)[0].strip()
+            if "=" not in str(item) or not key.startswith(RESUMABLE):
+                raise ConfigError(
+                    f"--resume {run_dir}: {item!r}: only budget.* and logging.* settings may change on resume "
+                    f"(any other setting makes another run)"
+                )
+        new_cfg = load_scenario(run_dir / CONFIG, list(overrides)) if overrides else saved
+        state = checkpoint.resume_state(run_dir, saved, iteration)  # verified before anything is touched
+        if iteration is not None:
+            run_dir = _fork(run_dir, new_cfg, state, iteration, Path(out_root))
+        elif new_cfg.to_dict() != saved.to_dict():
+            atomic_write_text(run_dir / CONFIG, new_cfg.to_yaml())
+        cfg = new_cfg
     else:
         if cfg is None:
             raise ConfigError("run_scenario needs a scenario config or resume=RUN_DIR")
+        if iteration is not None or overrides:
+            raise ConfigError("iteration and overrides go with resume=RUN_DIR")
         run_dir = _new_run_dir(Path(out_root), cfg)
         atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
 
@@ -255,10 +285,28 @@ def run_scenario(
             built.ctx.shutdown()
 
 
+def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root: Path) -> Path:
+    """A new run folder that starts as run `src` stood after `iteration` iterations: its config (with
+    the resume's overrides), the metric lines up to there, its fingerprint and that checkpoint."""
+    lines = state["progress"]["metric_lines"]
+    kept = read_metrics(src, lines)
+    if len(kept) < lines:
+        raise ConfigError(f"--iter {iteration}: {src / METRICS} has {len(kept)} lines, the checkpoint expects {lines}")
+    run_dir = _new_run_dir(out_root, cfg, f"{src.name}-from-iter_{iteration}")
+    atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
+    atomic_write_text(run_dir / METRICS, "".join(json.dumps(m) + "\n" for m in kept))
+    if (src / checkpoint.CHECKPOINT_ID).is_file():
+        shutil.copy2(src / checkpoint.CHECKPOINT_ID, run_dir / checkpoint.CHECKPOINT_ID)
+    body = {k: v for k, v in state.items() if k != "version"}
+    checkpoint.write_checkpoint(run_dir, cfg, body, checkpoint.checkpoint_name(iteration), cfg.logging.keep_last)
+    return run_dir
+
+
 def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: dict | None, progress: bool) -> RunResult:
     """Run phases until the budget is spent; checkpoint between phases.
 
-    Budget rule: `budget.max_rollouts` is checked only at iteration boundaries, before `begin`;
+    Budget rule: `budget.max_rollouts` (and `budget.max_tokens`) is checked only at iteration boundaries,
+    before `begin`;
     an iteration once begun runs all its phases.  So every rollout a run generates is trained on (or, for
     RTPO's trunks, used for the boundaries it trains) and appears in a metrics line, and the spend a run
     reports (its last metrics line, summary.json, `rtpo compare`) is its checkpoint's budget counter.
@@ -277,6 +325,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
     ctx = built.ctx
     if state is not None:
         prog = _restore(state, built)
+        checkpoint.discard_uncommitted(run_dir)
         truncate_metrics(run_dir, prog.metric_lines)
     else:
         prog = _Progress()
@@ -284,16 +333,24 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
 
     budget_cfg = cfg.budget
 
-    def spent() -> bool:
-        """The rollout cap, checked at iteration boundaries only (the budget rule in _run_loop's docstring)."""
-        return budget_cfg.max_rollouts is not None and ctx.budget.rollouts >= budget_cfg.max_rollouts
+    def spent() -> str | None:
+        """The cap that is spent (max_rollouts or max_tokens), checked at iteration boundaries only (the
+        budget rule in _run_loop's docstring)."""
+        if budget_cfg.max_rollouts is not None and ctx.budget.rollouts >= budget_cfg.max_rollouts:
+            return "max_rollouts"
+        if budget_cfg.max_tokens is not None and ctx.budget.tokens >= budget_cfg.max_tokens:
+            return "max_tokens"
+        return None
 
     start = time.perf_counter()
     done0 = prog.iteration + (prog.phase_in_iter / prog.phases_in_iter if prog.phases_in_iter else 0.0)
     console = _Console(progress and cfg.logging.progress, cfg, run_dir, done0)
     interrupt = _SafeInterrupt()
     last_eval: dict[str, float] = {}
-    trackers = open_trackers([t for t in cfg.logging.trackers if t != "jsonl"], run_dir, cfg.to_dict())
+    # a resumed run's trackers start after the checkpoint: what they got from phases past it is replaced
+    trackers = open_trackers(
+        [t for t in cfg.logging.trackers if t != "jsonl"], run_dir, cfg.to_dict(), first_step=prog.global_phase + 1
+    )
     try:
         with interrupt, open(run_dir / METRICS, "a") as metrics_file:
             while prog.stopped_by is None:
@@ -302,7 +359,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                         prog.stopped_by = "iterations"
                         break
                     if spent():
-                        prog.stopped_by = "max_rollouts"
+                        prog.stopped_by = spent()
                         break
                     ids = _query_ids(prog.iteration, budget_cfg.queries_per_iteration, built.num_queries)
                     prog.it_state = method.begin(ctx, ids)
@@ -319,7 +376,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                 prog.phase_in_iter += 1
                 prog.global_phase += 1
                 iter_done = not prog.it_state.pending
-                last = iter_done and (prog.iteration + 1 >= budget_cfg.iterations or spent())
+                last = iter_done and (prog.iteration + 1 >= budget_cfg.iterations or spent() is not None)
                 if last or prog.global_phase % cfg.eval.every == 0:
                     last_eval = built.evaluate()
                     eval_metrics = last_eval

@@ -117,6 +117,11 @@ class BudgetConfig(Section):
         description="stop at the first iteration boundary where this many rollouts are spent; a begun "
         "iteration always finishes, so a run can pass the cap by less than one iteration (null = no cap)",
     )
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="the same cap on generated response tokens (equal-token budgets; null = no cap)",
+    )
 
 
 class TrainConfig(Section):
@@ -137,6 +142,12 @@ class LoggingConfig(Section):
         ge=1,
         description="phases between checkpoints (the run's last phase always gets "
         "one); --resume restarts from the latest, dropping later metric lines",
+    )
+    keep_last: int | None = Field(
+        3,
+        ge=1,
+        description="iteration checkpoints kept under RUN/ckpt/iter_N (the newest N; null = all) for "
+        "`rtpo eval|export --iter N` and `rtpo run --resume RUN --iter N`",
     )
     trackers: tuple[str, ...] = Field(
         ("jsonl",),

@@ -5,6 +5,9 @@ metrics.jsonl (always written: resume and `rtpo eval` read it); every other trac
 same record per phase, under the same keys (grouped by prefix: `eval/value`, `loss/clipfrac`, ...), and the
 resolved scenario once as hyperparameters.  A tracker is a class with `open(run_dir, config)`,
 `log(record, step)` and `close()`, registered by name; its package is an optional extra imported lazily.
+A resumed run opens its trackers with `first_step` = the first phase after its checkpoint: a tracker
+drops what it was given for that step and later ones by the killed process (TensorBoard: `purge_step`),
+so no phase is shown twice.
 
 Built in: `tensorboard` (event files under RUN/tensorboard/, the `tensorboard` extra).  Not built: W&B,
 MLflow and trackio (their clients would change pinned packages of the vLLM stack here; a plugin registers
@@ -24,7 +27,7 @@ from rtpo.core.registry import Registry
 class Tracker:
     """Base of a tracker: override what it needs."""
 
-    def open(self, run_dir: Path, config: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    def open(self, run_dir: Path, config: dict[str, Any], first_step: int = 1) -> None:  # noqa: B027
         pass
 
     def log(self, record: dict[str, Any], step: int) -> None:  # noqa: B027 - optional hook
@@ -55,7 +58,7 @@ def _flat(prefix: str, data: Any, out: dict[str, Any]) -> dict[str, Any]:
 class TensorBoardTracker(Tracker):
     """Scalars per phase (step = global phase) and the resolved scenario once (text + hparams)."""
 
-    def open(self, run_dir: Path, config: dict[str, Any]) -> None:
+    def open(self, run_dir: Path, config: dict[str, Any], first_step: int = 1) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
@@ -64,7 +67,14 @@ class TensorBoardTracker(Tracker):
             ) from e
         import yaml
 
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        # purge_step: readers discard events at steps >= first_step written before this point (a killed
+        # process logged phases its checkpoint does not cover; the resumed run logs them again)
+        resumed = first_step > 1
+        self.writer = SummaryWriter(
+            log_dir=str(Path(run_dir) / "tensorboard"), purge_step=first_step if resumed else None
+        )
+        if resumed:
+            return  # the scenario went in once, when the run started
         self.writer.add_text("config", "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```", 0)
         hparams = {k: v for k, v in _flat("", config, {}).items() if isinstance(v, (int, float, str, bool))}
         self.writer.add_hparams(hparams, {}, run_name=".")
@@ -81,10 +91,12 @@ class TensorBoardTracker(Tracker):
         self.writer.close()
 
 
-def open_trackers(names: tuple[str, ...] | list[str], run_dir: Path, config: dict[str, Any]) -> list[Tracker]:
+def open_trackers(
+    names: tuple[str, ...] | list[str], run_dir: Path, config: dict[str, Any], first_step: int = 1
+) -> list[Tracker]:
     out = []
     for name in names:
         tracker = TRACKERS.get(name)()
-        tracker.open(run_dir, config)
+        tracker.open(run_dir, config, first_step)
         out.append(tracker)
     return out

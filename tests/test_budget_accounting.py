@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rtpo import compare
-from rtpo.checkpoint import read_checkpoint
+from rtpo.checkpoint import latest_path, read_checkpoint
 from rtpo.run import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def _check_row(row: dict, budget: int, per_iteration: int, phases_per_iteration:
     assert not row["failed"], row["failed"]
     (seed,) = row["per_seed"]
     run_dir = Path(seed["run_dir"])
-    ckpt = read_checkpoint(run_dir / "checkpoint.pkl")
+    ckpt = read_checkpoint(latest_path(run_dir))
     metrics = read_metrics(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     spent = ckpt["budget"]["rollouts"]
@@ -102,3 +102,33 @@ def test_llm_reported_spend_is_the_checkpoints(tmp_path):
     _check_row(rows[("4", "grpo:G=2")], 4, 4, 1)
     seed = _check_row(rows[("3", "grpo:G=2")], 3, 4, 1)
     assert seed["rollouts"] == 4
+
+
+def test_equal_token_budget(tmp_path):
+    """budget.max_tokens: every method runs until it has generated T response tokens (checked at iteration
+    boundaries), reports that spend from its checkpoint, and the table says the budget is in tokens."""
+    scenario = tmp_path / "budget.yaml"
+    scenario.write_text(TABULAR)
+    T = 200
+    argv = [str(scenario), "--methods", "rtpo,grpo:G=4", "--seeds", "1", "--workers", "1", "--out", str(tmp_path)]
+    assert compare.main([*argv, f"budget.max_tokens={T}"]) == 0
+    out = next(tmp_path.glob("compare-*"))
+    payload = json.loads((out / "comparison.json").read_text())
+    assert payload["budget_unit"] == "tokens" and payload["budgets"] == {"None": T}
+    for row in payload["rows"]:
+        (seed,) = row["per_seed"]
+        run_dir = Path(seed["run_dir"])
+        ckpt = read_checkpoint(latest_path(run_dir))
+        metrics = read_metrics(run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["stopped_by"] == "max_tokens"
+        assert seed["tokens"] == ckpt["budget"]["tokens"] == metrics[-1]["budget/tokens"] >= T
+        # the iteration before the last had not spent T (stopped at the first boundary past it)
+        last_iter = metrics[-1]["iteration"]
+        before = [m["budget/tokens"] for m in metrics if m["iteration"] < last_iter]
+        assert not before or before[-1] < T
+    md = (out / "comparison.md").read_text()
+    assert f"Equal token budget per run (SPEC §2.3): {T} tokens" in md
+    by = {r["method"]: r for r in payload["rows"]}
+    # RTPO's siblings start mid-episode: at equal tokens it gets more rollouts than GRPO
+    assert by["rtpo"]["rollouts"]["mean"] > by["grpo:G=4"]["rollouts"]["mean"]

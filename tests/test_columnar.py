@@ -140,3 +140,43 @@ def test_backend_rollout_path_option_selects_the_path_with_equal_results(scenari
         out[path] = built.ctx.learner.weights()
     assert load_scenario(root / scenario).backend.rollout_path == "columnar"
     assert np.array_equal(out["columnar"], out["per_episode"])
+
+
+def test_loss_shortcut_for_one_token_sequences_is_exact_and_only_taken_there():
+    """FlatBatch.one_token_seqs skips the sequence mean only where every sequence is one token; the loss
+    and its gradient equal the full segment-mean computation bit for bit."""
+    import dataclasses
+
+    import torch
+
+    from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
+    from rtpo.core.types import Ragged, TurnBatch
+
+    rng = np.random.default_rng(3)
+    n = 50
+
+    def batch(seq_id):
+        tok = Ragged.from_dense(rng.integers(0, 4, size=(n, 1)))
+        return TurnBatch(
+            Ragged.from_dense(np.zeros((n, 2), np.int64)),
+            tok,
+            Ragged(rng.standard_normal(n) - 1.5, tok.offsets),
+            Ragged(rng.standard_normal(n), tok.offsets),
+            seq_id,
+            np.ones(n),
+            np.zeros(n, np.int64),
+        )
+
+    rtpo_rows = FlatBatch.from_batch(batch(np.arange(n)))
+    grpo_rows = FlatBatch.from_batch(batch(np.repeat(np.arange(10), 5)))  # 5 one-token rows per sequence
+    shuffled = FlatBatch.from_batch(batch(rng.permutation(n)))
+    assert rtpo_rows.one_token_seqs and not grpo_rows.one_token_seqs and not shuffled.one_token_seqs
+    for ratio in ("token", "sequence"):
+        cfg = LossConfig(ratio=ratio, aggregation="seq-mean-token-mean")
+        out = []
+        for flat in (rtpo_rows, dataclasses.replace(rtpo_rows, one_token_seqs=False)):
+            logp = torch.tensor(rng.standard_normal(n) * 0 + np.linspace(-2, -1, n), requires_grad=True)
+            value, metrics = clipped_policy_loss(logp, flat, cfg)
+            value.backward()
+            out.append((float(value), metrics, logp.grad.numpy().copy()))
+        assert out[0][0] == out[1][0] and out[0][1] == out[1][1] and np.array_equal(out[0][2], out[1][2])

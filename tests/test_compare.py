@@ -75,6 +75,8 @@ def test_compare_runs_every_method_and_seed_at_equal_budget(scenario, tmp_path, 
         assert 0 < r["value_over_optimum"]["mean"] <= 1
     assert rows["rtpo"]["rollout_train_ratio"]["mean"] == 1.0  # RTPO trains on the recorded c_k
     assert rows["grpo:G=4"]["per_seed"][0]["rollouts"] == 48  # 3 whole iterations of 4 queries × 4
+    assert all(isinstance(p["wrong_first_action"], bool) for r in rows.values() for p in r["per_seed"])
+    assert 0 <= rows["rtpo"]["wrong_first_action"] <= 2
     md = (out / "comparison.md").read_text()
     assert "| rtpo |" in md and "±" in md
     for png in ("curves.png", "ratio.png", "zero_adv_vs_G.png"):
@@ -153,3 +155,24 @@ def test_report_shows_resolved_settings_and_samples_per_turn(tmp_path, capsys):
     line = "differs between methods: epochs (rtpo 2, grpo:G=4 1)"
     assert line in md and line in printed
     assert "- rtpo: epochs=2, " in md and "- grpo:G=4: 0: 48, 1: 48, 2: 48" in md
+
+
+def test_wrong_first_action_per_seed():
+    """eval/first_action_wrong: the start-state mass whose most likely first action is not optimal; a
+    seed is locked onto a wrong first action when it exceeds 1/2 at its last evaluation."""
+    from rtpo.tabular import SoftmaxTable, TabularEvaluator, TabularLearner, TurnMDP
+
+    # two start states (mass 0.3, 0.7), K = 1: action 0 is optimal in state 0, action 1 in state 1
+    mdp = TurnMDP.from_arrays(np.zeros((1, 2, 2, 2)), np.array([[[1.0, 0.0], [0.0, 1.0]]]), np.array([0.3, 0.7]))
+    pol = SoftmaxTable(1, 2, 2)
+    ev = TabularEvaluator(mdp, pol)
+    for params, wrong in (
+        ([[3.0, 0.0], [0.0, 3.0]], 0.0),
+        ([[0.0, 3.0], [0.0, 3.0]], 0.3),
+        ([[3.0, 0.0], [3.0, 0.0]], 0.7),
+    ):
+        learner = TabularLearner(pol, np.array([params]))
+        assert ev(learner)["eval/first_action_wrong"] == pytest.approx(wrong)
+    assert compare._wrong_first_action([{"eval/first_action_wrong": 0.7}]) is True
+    assert compare._wrong_first_action([{"eval/first_action_wrong": 0.7}, {"eval/first_action_wrong": 0.3}]) is False
+    assert compare._wrong_first_action([{"eval/value": 1.0}]) is None

@@ -41,7 +41,9 @@ def test_leave_one_out_matches_loop(rows):
 def test_group_norm_and_mean():
     r = np.array([[1.0, 0.0, 0.0, 1.0]])
     assert np.allclose(estimators.get("group_mean")(r), [[0.5, -0.5, -0.5, 0.5]])
-    assert np.allclose(estimators.get("group_norm")(r), np.array([[1, -1, -1, 1]]) / (1 + 1e-6))
+    # n − 1 std (verl, TRL): σ = √(1/3), so ±0.5/σ = ±0.866; population: σ = 0.5, ±1
+    assert np.allclose(estimators.get("group_norm")(r), np.array([[1, -1, -1, 1]]) * 0.5 / (3**-0.5 + 1e-6))
+    assert np.allclose(estimators.get("group_norm_population")(r), np.array([[1, -1, -1, 1]]) / (1 + 2e-6))
     assert np.all(estimators.get("group_norm")(np.ones((1, 3))) == 0.0)
 
 

@@ -195,6 +195,7 @@ def test_eval_of_a_scenario_matches_the_exact_pass_at_k(binary_scenario, tmp_pat
 
 
 def test_eval_of_a_run_folder_loads_the_checkpoint_policy(binary_run, capsys):
+    from rtpo.checkpoint import latest_path
     from rtpo.config import load_scenario
     from rtpo.run import read_metrics
 
@@ -202,18 +203,18 @@ def test_eval_of_a_run_folder_loads_the_checkpoint_policy(binary_run, capsys):
     assert (binary_run / "eval.json").is_file()  # the default report path of a run
     _check_report(report)
     ckpt = report["target"]["checkpoint"]
-    assert ckpt["path"] == str(binary_run / "checkpoint.pkl") and ckpt["global_phase"] == 9 and ckpt["iteration"] == 3
+    assert ckpt["path"] == str(latest_path(binary_run)) and ckpt["global_phase"] == 9 and ckpt["iteration"] == 3
     # the checkpoint's policy is the trained one: its exact value is the run's last evaluation, not θ0's
     final = read_metrics(binary_run)[-1]["eval/value"]
     assert report["exact"]["eval/value"] == pytest.approx(final, abs=1e-12)
     cfg = load_scenario(binary_run / "config.yaml")
-    exact = _exact_pass_at_k(cfg, binary_run / "checkpoint.pkl", KS)
+    exact = _exact_pass_at_k(cfg, latest_path(binary_run), KS)
     assert abs(exact[1] - _exact_pass_at_k(cfg, None, KS)[1]) > 0.02  # training moved it (0.324 -> 0.350)
     _check_against_exact(report, exact)
     # the checkpoint file itself is a target too, with the same result
     again = _eval(
         capsys,
-        binary_run / "checkpoint.pkl",
+        latest_path(binary_run),
         "--samples",
         N,
         "--k",

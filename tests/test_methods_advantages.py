@@ -10,11 +10,16 @@ from rtpo.core.methods.tree_grpo import _Node, expansion_candidates
 
 
 def test_tree_advantage_is_prompt_norm_plus_tree_norm():
-    # two trees of two leaves: prompt mean 0.75, population std sqrt(3)/4; tree 0 is ±1, tree 1 ties
+    # two trees of two leaves: prompt mean 0.75, n − 1 std √(0.75/3) = 0.5 (Tree-GRPO's torch.std);
+    # tree 0 is (1, 0): ±0.5 / (n − 1 std √0.5) = ±1/√2; tree 1 ties
     r = np.array([[1.0, 0.0], [1.0, 1.0]])
-    s = np.sqrt(3) / 4
-    expected = np.array([[0.25 / s + 1, -0.75 / s - 1], [0.25 / s, 0.25 / s]])
+    s, t = 0.5, np.sqrt(0.5)
+    expected = np.array([[0.25 / s + 0.5 / t, -0.75 / s - 0.5 / t], [0.25 / s, 0.25 / s]])
     np.testing.assert_allclose(estimators.tree_advantage(r, eps=1e-12), expected, rtol=1e-9)
+    # the population form: std √3/4 over the prompt, 0.5 in tree 0 (±1)
+    sp = np.sqrt(3) / 4
+    pop = np.array([[0.25 / sp + 1, -0.75 / sp - 1], [0.25 / sp, 0.25 / sp]])
+    np.testing.assert_allclose(estimators.tree_advantage(r, eps=1e-12, std="population"), pop, rtol=1e-9)
     # batched over prompts: each prompt independent
     both = estimators.tree_advantage(np.stack([r, 1 - r]), eps=1e-12)
     np.testing.assert_allclose(both[0], expected, rtol=1e-9)

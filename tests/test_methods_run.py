@@ -21,6 +21,7 @@ CONFIGS = {
     "rtpo_sync_interval": {"G": 3, "sync_every": 2},
     "rtpo_sync_kl": {"G": 3, "kl_threshold": 1e-3},
     "rtpo_multitrunk": {"G": 3, "candidates": 3},
+    "refuel": {"eta": 1.0, "pairs_per_query": 4},
 }
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rtpo.checkpoint import CHECKPOINT, CHECKPOINT_ID, METRICS, fingerprint, read_checkpoint
+from rtpo.checkpoint import CHECKPOINT_ID, METRICS, fingerprint, latest_path, read_checkpoint
 from rtpo.cli import main
 from rtpo.config import ConfigError, load_scenario
 from rtpo.run import run_scenario
@@ -30,7 +30,7 @@ def runs(tmp_path_factory):
 
 
 def _files(run_dir):
-    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file()}
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
 def _refused(run_dir, capsys, match):
@@ -45,7 +45,7 @@ def test_a_foreign_checkpoint_is_refused(runs, tmp_path, capsys):
     a, b = runs
     victim = tmp_path / a.name
     shutil.copytree(a, victim)
-    shutil.copy(b / CHECKPOINT, victim / CHECKPOINT)  # same shapes, another run
+    shutil.copy(latest_path(b), latest_path(victim))  # same shapes, another run
     _refused(victim, capsys, "belongs to another run")
 
 
@@ -60,7 +60,7 @@ def test_a_deleted_checkpoint_is_refused_not_restarted(runs, tmp_path, capsys):
     a, _ = runs
     victim = tmp_path / a.name
     shutil.copytree(a, victim)
-    (victim / CHECKPOINT).unlink()
+    latest_path(victim).unlink()
     assert (victim / CHECKPOINT_ID).exists() and (victim / METRICS).read_text()
     _refused(victim, capsys, "is missing but the run wrote one")
 
@@ -82,7 +82,7 @@ def test_corrupt_checkpoints_are_one_line_and_touch_nothing(runs, tmp_path, caps
     a, _ = runs
     victim = tmp_path / a.name
     shutil.copytree(a, victim)
-    (victim / CHECKPOINT).write_bytes(mangle((a / CHECKPOINT).read_bytes()))
+    latest_path(victim).write_bytes(mangle(latest_path(a).read_bytes()))
     _refused(victim, capsys, match)
 
 
@@ -90,7 +90,7 @@ def test_corrupt_checkpoints_are_one_line_and_touch_nothing(runs, tmp_path, caps
 @settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_bytes_are_a_config_error_never_another_exception(runs, tmp_path, junk, cut):
     a, _ = runs
-    good = (a / CHECKPOINT).read_bytes()
+    good = latest_path(a).read_bytes()
     for blob in {junk, good[:cut] + junk, junk + good} - {good}:
         path = tmp_path / "c.pkl"
         path.write_bytes(blob)
@@ -103,7 +103,7 @@ def test_an_intact_checkpoint_resumes_and_extending_the_budget_is_not_foreign(ru
     victim = tmp_path / a.name
     shutil.copytree(a, victim)
     assert main(["run", "--resume", str(victim), "--no-progress"]) == 0  # a finished run: nothing to do
-    assert read_checkpoint(victim / CHECKPOINT, load_scenario(victim / "config.yaml"))["progress"]["metric_lines"] > 0
+    assert read_checkpoint(latest_path(victim), load_scenario(victim / "config.yaml"))["progress"]["metric_lines"] > 0
 
 
 def test_out_naming_a_file_is_one_line(tmp_path, capsys):

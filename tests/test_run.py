@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rtpo.checkpoint import read_checkpoint
+from rtpo.checkpoint import latest_path, read_checkpoint
 from rtpo.config import load_scenario
 from rtpo.core.methods.rtpo import RTPO
 from rtpo.run import read_metrics, run_scenario
@@ -35,7 +35,7 @@ def test_run_folder_contents(small_run):
     cfg, res = small_run
     d = res.run_dir
     assert d.name.startswith("default-rtpo-0-")
-    for name in ("config.yaml", "metrics.jsonl", "checkpoint.pkl", "learning_curve.png", "summary.md", "summary.json"):
+    for name in ("config.yaml", "metrics.jsonl", "ckpt/latest", "learning_curve.png", "summary.md", "summary.json"):
         assert (d / name).is_file(), name
     assert (d / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert load_scenario(d / "config.yaml").to_dict() == cfg.to_dict()
@@ -93,9 +93,7 @@ def test_max_rollouts_stops_the_run(tmp_path):
     # stopped at the first iteration boundary that spent it: every begun iteration ran all K phases
     assert len(rollouts) % K == 0 and rollouts[-1] >= 500 and rollouts[-1] - per_iter < 500
     assert "eval/value" in res.metrics[-1]
-    assert (
-        res.summary["rollouts"] == rollouts[-1] == read_checkpoint(res.run_dir / "checkpoint.pkl")["budget"]["rollouts"]
-    )
+    assert res.summary["rollouts"] == rollouts[-1] == read_checkpoint(latest_path(res.run_dir))["budget"]["rollouts"]
 
 
 @pytest.mark.parametrize("every", [1, 4])
@@ -120,7 +118,7 @@ def test_resume_after_crash_continues_exactly(tmp_path, monkeypatch, every):
     monkeypatch.setattr(RTPO, "phase", real_phase)
     (run_dir,) = (tmp_path / "b").iterdir()
     assert len(read_metrics(run_dir)) == 6
-    assert read_checkpoint(run_dir / "checkpoint.pkl")["progress"]["metric_lines"] == (6 if every == 1 else 4)
+    assert read_checkpoint(latest_path(run_dir))["progress"]["metric_lines"] == (6 if every == 1 else 4)
     resumed = run_scenario(None, resume=run_dir, progress=False)
     assert _untimed(resumed.metrics) == _untimed(full.metrics)
 
@@ -144,9 +142,9 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path):
         run_dir = None
         while time.monotonic() < deadline:
             dirs = list(out.iterdir()) if out.exists() else []
-            if dirs and (dirs[0] / "checkpoint.pkl").exists():
+            if dirs and (dirs[0] / "ckpt" / "latest").exists():
                 run_dir = dirs[0]
-                ckpt = read_checkpoint(run_dir / "checkpoint.pkl")
+                ckpt = read_checkpoint(latest_path(run_dir))
                 if ckpt["progress"]["metric_lines"] >= 3:
                     break
             assert proc.poll() is None, proc.stderr.read().decode()
@@ -160,7 +158,7 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    ckpt = read_checkpoint(run_dir / "checkpoint.pkl")
+    ckpt = read_checkpoint(latest_path(run_dir))
     done = ckpt["progress"]["metric_lines"]
     assert 3 <= done < total  # really interrupted mid-run
     before = read_metrics(run_dir)[:done]

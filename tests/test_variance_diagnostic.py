@@ -63,3 +63,16 @@ def test_compare_report_shows_the_regime(tmp_path):
     assert "Which regime (task.w=0.0)" in md and "Which regime (task.w=0.8)" in md
     idx = [float(x) for x in re.findall(r"index RTPO/GRPO = (\S+)", md)]
     assert len(idx) == 2 and idx[0] < 1 < idx[1]  # w = 0 is the tool chain; the region bit flips it
+
+
+def test_compare_index_uses_the_compared_rtpo_group_size(tmp_path):
+    """The scenario's RTPO has G = 6; the compared row rtpo:G=3 is what the index must describe."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(
+        "name: s\nbackend: {kind: tabular}\ntask: {kind: tool_chain, num_turns: 3, num_actions: 3, seed: 1}\n"
+        "method: {name: rtpo, G: 6}\nbudget: {iterations: 1, queries_per_iteration: 2}\n"
+    )
+    _, meta = compare.build_jobs(str(scenario), ["rtpo:G=3", "grpo"], 1, [], None, tmp_path)
+    assert "RTPO(G=3)" in meta["diagnostics"]["None"][-1]
+    _, meta = compare.build_jobs(str(scenario), ["grpo"], 1, [], None, tmp_path)
+    assert "RTPO(G=6)" in meta["diagnostics"]["None"][-1]  # no RTPO row: the scenario's own

@@ -46,20 +46,40 @@ def leave_one_out_advantage(returns: np.ndarray) -> np.ndarray:
     return n / (n - 1) * (r - r.mean(axis=-1, keepdims=True))
 
 
-def group_advantage(returns: np.ndarray, normalize: bool = True, eps: float = 1e-6) -> np.ndarray:
+GROUP_STDS = ("unbiased", "population")
+
+
+def group_std(returns: np.ndarray, std: str = "unbiased") -> np.ndarray:
+    """σ_g over the last axis, keepdims: "unbiased" divides by n − 1 (torch.std's default, which verl's
+    compute_grpo_outcome_advantage, TRL's GRPOTrainer and Tree-GRPO use), "population" by n (numpy's
+    default; what this testbed used before).  A group of one has σ = 0 (its advantage is 0 anyway)."""
+    if std not in GROUP_STDS:
+        raise ValueError(f"std must be one of {GROUP_STDS}, got {std!r}")
+    r = np.asarray(returns, dtype=np.float64)
+    n = r.shape[-1]
+    if std == "population" or n == 1:
+        return r.std(axis=-1, keepdims=True)
+    return r.std(axis=-1, ddof=1, keepdims=True)
+
+
+def group_advantage(
+    returns: np.ndarray, normalize: bool = True, eps: float = 1e-6, std: str = "unbiased"
+) -> np.ndarray:
     """GRPO's group-relative advantage, Eq. 1 / Eq. 9: A_i = (R_i − μ_g) / (σ_g + eps).
 
-    normalize=False is the un-normalised form the paper writes in Eq. 1 ("Dr.GRPO"); σ_g is the
-    population standard deviation of the group.
+    normalize=False is the un-normalised form the paper writes in Eq. 1 ("Dr.GRPO").  σ_g is the
+    group's standard deviation as the public implementations compute it (SPEC §3: the n − 1 form,
+    std="unbiased"); std="population" keeps the 1/n form.  eps = 1e-6 is added to σ, as verl does.
     """
     r = _check_group(returns, 1)
     centred = r - r.mean(axis=-1, keepdims=True)
     if not normalize:
         return centred
-    return centred / (r.std(axis=-1, keepdims=True) + eps)
+    return centred / (group_std(r, std) + eps)
 
 
 ESTIMATORS.register("group_norm")(lambda returns: group_advantage(returns, normalize=True))
+ESTIMATORS.register("group_norm_population")(lambda returns: group_advantage(returns, std="population"))
 ESTIMATORS.register("group_mean")(lambda returns: group_advantage(returns, normalize=False))
 
 
@@ -92,9 +112,9 @@ def get(name: str) -> Estimator:
 
 
 @ESTIMATORS.register("tree")
-def tree_advantage(returns: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+def tree_advantage(returns: np.ndarray, eps: float = 1e-6, std: str = "unbiased") -> np.ndarray:
     """Tree-GRPO's advantage (SPEC §3): A = norm over the leaves of the prompt + norm over the leaves of
-    the tree, each norm being group_advantage(·, normalize=True).
+    the tree, each norm being group_advantage(·, normalize=True, std=std) (n − 1 std, as Tree-GRPO's code).
 
     returns: (..., M, n) leaf returns of M trees with n leaves each (one prompt per leading index).
     """
@@ -102,8 +122,8 @@ def tree_advantage(returns: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     if r.ndim < 2:
         raise ValueError(f"tree_advantage needs (..., M trees, n leaves), got shape {r.shape}")
     flat = r.reshape(r.shape[:-2] + (-1,))
-    inter = group_advantage(flat, normalize=True, eps=eps).reshape(r.shape)
-    intra = group_advantage(r, normalize=True, eps=eps)
+    inter = group_advantage(flat, normalize=True, eps=eps, std=std).reshape(r.shape)
+    intra = group_advantage(r, normalize=True, eps=eps, std=std)
     return inter + intra
 
 

@@ -23,6 +23,7 @@ from rtpo.core.types import TurnBatch
 
 Aggregation = Literal["seq-mean-token-mean", "token-mean"]
 RatioLevel = Literal["token", "sequence"]
+Objective = Literal["clipped", "pair_regression"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class LossConfig:
     aggregation:    "seq-mean-token-mean" (Eq. 6: mean over sequences of 1/T Σ_t) or "token-mean".
     log_ratio_clip: |log ρ| is clamped to this before exp (E.3's log-prob clip [−10, 10]); None = off.
     kl_coef:        β of an optional k3 KL penalty to a reference policy (E.3: 0.02).
+    objective:      "clipped" (the surrogate above) or "pair_regression" (REFUEL's squared relative-future
+                    regression, `pair_regression_loss`; clip_eps, ratio and aggregation do not apply).
+    eta:            REFUEL's η: the log-ratio difference of a pair regresses onto η·(R − R′).
     """
 
     clip_eps: float = 0.2
@@ -43,8 +47,14 @@ class LossConfig:
     aggregation: Aggregation = "seq-mean-token-mean"
     log_ratio_clip: float | None = 10.0
     kl_coef: float = 0.0
+    objective: Objective = "clipped"
+    eta: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.objective not in ("clipped", "pair_regression"):
+            raise ValueError(f"objective must be 'clipped' or 'pair_regression', got {self.objective!r}")
+        if not self.eta > 0:
+            raise ValueError(f"eta must be positive, got {self.eta}")
         if not 0.0 < self.clip_eps < 1.0:
             raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
         if self.clip_eps_high is not None and self.clip_eps_high <= 0:
@@ -60,6 +70,8 @@ class FlatBatch:
     """A TurnBatch's token-level view as torch tensors (N tokens, S sequences).
 
     old_logp, advantages, weight: (N,) float64; token_seq: (N,) int64 in [0, S).
+    one_token_seqs: token i is the whole of sequence i (token_seq = 0..N−1, e.g. tabular RTPO rows),
+    so a sequence mean is the token itself and is not computed.
     """
 
     old_logp: torch.Tensor
@@ -67,22 +79,34 @@ class FlatBatch:
     weight: torch.Tensor
     token_seq: torch.Tensor
     num_seqs: int
+    one_token_seqs: bool = False
 
     @staticmethod
     def from_batch(batch: TurnBatch, dtype: torch.dtype = torch.float64) -> FlatBatch:
         lengths = batch.tokens.lengths
-        _, seq_index = np.unique(batch.seq_id, return_inverse=True)
+        seq_id = batch.seq_id
+        if seq_id.size and np.all(seq_id[1:] > seq_id[:-1]):  # distinct and increasing: its own inverse
+            seq_index = np.arange(seq_id.size)
+        else:
+            _, seq_index = np.unique(seq_id, return_inverse=True)
         token_seq = np.repeat(seq_index, lengths)
+        num_seqs = int(seq_index.max()) + 1 if seq_index.size else 0
         return FlatBatch(
             old_logp=torch.tensor(batch.old_logp.values, dtype=dtype),
             advantages=torch.tensor(batch.advantages.values, dtype=dtype),
             weight=torch.as_tensor(np.repeat(batch.weight, lengths), dtype=dtype),
             token_seq=torch.as_tensor(token_seq, dtype=torch.int64),
-            num_seqs=int(seq_index.max()) + 1 if seq_index.size else 0,
+            num_seqs=num_seqs,
+            one_token_seqs=bool(num_seqs == token_seq.size and np.array_equal(token_seq, np.arange(num_seqs))),
         )
 
 
-def _segment_mean(x: torch.Tensor, seg: torch.Tensor, num: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _segment_mean(
+    x: torch.Tensor, seg: torch.Tensor, num: int, identity: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean of x over each segment (and the segment sizes); identity: segment i is element i alone."""
+    if identity:
+        return x, torch.ones_like(x)
     total = torch.zeros(num, dtype=x.dtype, device=x.device).index_add(0, seg, x)
     count = torch.zeros(num, dtype=x.dtype, device=x.device).index_add(0, seg, torch.ones_like(x))
     return total / count, count
@@ -107,7 +131,7 @@ def clipped_policy_loss(
     if cfg.log_ratio_clip is not None:
         log_ratio = log_ratio.clamp(-cfg.log_ratio_clip, cfg.log_ratio_clip)
     if cfg.ratio == "sequence":
-        seq_log_ratio, _ = _segment_mean(log_ratio, flat.token_seq, flat.num_seqs)
+        seq_log_ratio, _ = _segment_mean(log_ratio, flat.token_seq, flat.num_seqs, flat.one_token_seqs)
         log_ratio = seq_log_ratio[flat.token_seq]
     ratio = torch.exp(log_ratio)
     hi = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
@@ -117,7 +141,7 @@ def clipped_policy_loss(
     if cfg.aggregation == "token-mean":
         objective = surrogate.mean()
     else:
-        per_seq, _ = _segment_mean(surrogate, flat.token_seq, flat.num_seqs)
+        per_seq, _ = _segment_mean(surrogate, flat.token_seq, flat.num_seqs, flat.one_token_seqs)
         objective = per_seq.mean()
     loss = -objective
 
@@ -139,3 +163,56 @@ def clipped_policy_loss(
         if kl_value is not None:
             metrics["loss/kl_ref"] = float(kl_value.detach())
     return loss, metrics
+
+
+def pair_regression_loss(
+    logp: torch.Tensor,
+    flat: FlatBatch,
+    cfg: LossConfig,
+    ref_logp: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """REFUEL's loss (Gao et al. 2024; the paper's G.1/G.8; SPEC §3): for each pair (y, y′) of turn-h
+    responses drawn from one shared prefix and continued to the end,
+
+        L = mean_pairs ( (Δ(y) − Δ(y′)) − η (R − R′) )²,   Δ(y) = Σ_{t ∈ y} log π_θ(a_t | ·) − log π_old(a_t | ·),
+
+    the log-probs summed over the turn-h tokens only.  Batch layout: a pair is one sequence (one seq_id)
+    of two rows; `weight` is +1 on y's row and −1 on y′'s, and every token of the pair carries the
+    target difference R − R′ in `advantages`.  So Δ(y) − Δ(y′) is the weighted sum of the pair's token
+    log-ratios, and at θ = θ_old the gradient is −2η(R − R′)(∇log π(y) − ∇log π(y′)) per pair.
+    """
+    old = flat.old_logp.to(logp.dtype)
+    weight = flat.weight.to(logp.dtype)
+    log_ratio = logp - old
+    if cfg.log_ratio_clip is not None:
+        log_ratio = log_ratio.clamp(-cfg.log_ratio_clip, cfg.log_ratio_clip)
+    n = flat.num_seqs
+    diff = torch.zeros(n, dtype=logp.dtype, device=logp.device).index_add(0, flat.token_seq, weight * log_ratio)
+    target, _ = _segment_mean(flat.advantages.to(logp.dtype), flat.token_seq, n)
+    residual = diff - cfg.eta * target
+    loss = (residual**2).mean()
+    metrics: dict[str, float] = {}
+    if ref_logp is not None and cfg.kl_coef > 0:
+        d = ref_logp.to(logp.dtype) - logp
+        kl_value = (torch.exp(d) - d - 1.0).mean()
+        loss = loss + cfg.kl_coef * kl_value
+        metrics["loss/kl_ref"] = float(kl_value.detach())
+    with torch.no_grad():
+        lr_ = logp.detach() - old
+        metrics["loss/policy"] = float((residual.detach() ** 2).mean())
+        metrics["loss/approx_kl"] = float((torch.exp(lr_) - 1.0 - lr_).mean())
+        metrics["loss/ratio_mean"] = float(torch.exp(lr_).mean())
+    return loss, metrics
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    flat: FlatBatch,
+    cfg: LossConfig,
+    ref_logp: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss `cfg.objective` names: the clipped surrogate (Eq. 6 and variants) or REFUEL's pair
+    regression.  Learners call this one entry point."""
+    if cfg.objective == "pair_regression":
+        return pair_regression_loss(logp, flat, cfg, ref_logp)
+    return clipped_policy_loss(logp, flat, cfg, ref_logp)

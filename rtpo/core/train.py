@@ -94,9 +94,12 @@ def ppo_update(
     for _ in range(epochs):
         perm = rng.permutation(seqs)
         for lo in range(0, len(perm), size):
-            chosen = perm[lo : lo + size]
-            rows = np.flatnonzero(np.isin(batch.seq_id, chosen))
-            metrics = learner.train_step(batch.take(rows), loss)
+            if size >= len(perm):  # one minibatch: every row, in batch order (what the take would give)
+                minibatch = batch
+            else:
+                chosen = perm[lo : lo + size]
+                minibatch = batch.take(np.flatnonzero(np.isin(batch.seq_id, chosen)))
+            metrics = learner.train_step(minibatch, loss)
             for key, v in metrics.items():
                 sums[key] = sums.get(key, 0.0) + float(v)
             steps += 1

@@ -73,11 +73,19 @@ class Ragged:
         return Ragged(values, offsets)
 
     @staticmethod
+    def _owned(values: np.ndarray, offsets: np.ndarray) -> Ragged:
+        """A Ragged from arrays this module just built to satisfy the invariants (nobody else holds
+        them): frozen in place, the checks skipped."""
+        values.flags.writeable = False
+        offsets.flags.writeable = False
+        return Ragged._unchecked(values, offsets)
+
+    @staticmethod
     def from_dense(rows: np.ndarray) -> Ragged:
         """Equal-length rows (B, L) -> Ragged without a Python loop."""
         rows = np.asarray(rows)
         b, length = rows.shape
-        return Ragged(rows.reshape(-1), np.arange(b + 1, dtype=np.int64) * length)
+        return Ragged._owned(rows.reshape(-1).copy(), np.arange(b + 1, dtype=np.int64) * length)
 
     def __len__(self) -> int:
         return self.offsets.size - 1
@@ -111,9 +119,12 @@ class Ragged:
         offsets = np.zeros(idx.size + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         starts = self.offsets[idx]
-        # position of every output element inside self.values
-        src = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
-        return Ragged(self.values[src], offsets)
+        if lengths.size and np.all(lengths == lengths[0]):  # equal rows: a 2-D gather
+            width = int(lengths[0])
+            src = (starts[:, None] + np.arange(width)).reshape(-1)
+        else:  # position of every output element inside self.values
+            src = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return Ragged._owned(self.values[src], offsets)
 
     def is_uniform(self, length: int) -> bool:
         return bool(np.all(self.lengths == length))
@@ -138,7 +149,7 @@ class Ragged:
         for p in parts[1:]:
             offs.append(p.offsets[1:] + base)
             base += p.offsets[-1]
-        return Ragged(values, np.concatenate(offs))
+        return Ragged._owned(values, np.concatenate(offs))  # valid parts concatenate to a valid Ragged
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rtpo.backends import BackendSpec, BuiltBackend, register_backend
 from rtpo.core.methods import RunContext
 from rtpo.evaluation import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
+from rtpo.llm.sections import SandboxSection
 from rtpo.schema import BackendConfig, ConfigError, ScenarioConfig, pydantic_error
 
 
@@ -62,32 +63,6 @@ class LLMBackendConfig(BackendConfig):
     mixed_precision: Literal["bfloat16", "float16"] | None = Field(None, description="FSDP2 compute dtype (GPU)")
     engine_dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="engine dtype")
     gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
-
-
-class SandboxSection(BaseModel):
-    """`task.sandbox`: limits of one Python tool call (rtpo.llm.sandbox.SandboxLimits)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-    wall_time_s: float = Field(10.0, gt=0, le=3600, description="wall-clock budget of one call")
-    cpu_time_s: int = Field(5, ge=1, le=3600, description="CPU seconds of one call")
-    memory_mb: int = Field(1024, ge=16, le=1 << 20, description="memory of one call, all its processes together")
-    max_processes: int = Field(32, ge=1, le=4096, description="processes and threads of one call")
-    allow_unisolated: bool = Field(
-        False,
-        description="where kernel isolation cannot be set up, run calls with resource limits only (logged "
-        "loudly, metric tool/unisolated); false (default): such calls are refused",
-    )
-
-    def limits(self):
-        from rtpo.llm.sandbox import SandboxLimits
-
-        return SandboxLimits(
-            wall_time_s=self.wall_time_s,
-            cpu_time_s=self.cpu_time_s,
-            memory_bytes=self.memory_mb * 1024 * 1024,
-            max_processes=self.max_processes,
-            allow_unisolated=self.allow_unisolated,
-        )
 
 
 class FieldsSection(BaseModel):
@@ -155,6 +130,9 @@ class LLMTaskConfig(BaseModel):
         "(false: such a problem is a config error naming it)",
     )
     sandbox: SandboxSection = Field(default_factory=SandboxSection, description="limits of one tool call")
+    tools: list[str | dict[str, Any]] = Field(
+        ["python"], min_length=1, description="tools offered (rtpo.llm.tools registry names or {name: params})"
+    )
     answer_parse: Literal["boxed", "last_integer", "last_digit"] = Field(
         "boxed",
         description="boxed: the last \\boxed{} (paper); last_integer / last_digit: lenient, for tiny "
@@ -181,7 +159,11 @@ def parse_task(data: Any) -> LLMTaskConfig:
         from rtpo.llm.airline.build import parse_airline_task
 
         return parse_airline_task(data)
-    valid = ["arithmetic", "airline", *LAYOUTS.names()]
+    from rtpo.llm.search import QA_KINDS, parse_qa_task
+
+    if kind in QA_KINDS:
+        return parse_qa_task(data)
+    valid = ["arithmetic", "airline", *QA_KINDS, *LAYOUTS.names()]
     if kind not in valid:
         raise ConfigError(f"task.kind: unknown LLM task {kind!r} (valid: {', '.join(valid)})")
     try:
@@ -197,6 +179,10 @@ def load_task(task: LLMTaskConfig, which: str = "train"):
         from rtpo.llm.airline.build import load_airline_tasks
 
         return load_airline_tasks(task, which)
+    from rtpo.llm.search import QA_KINDS, load_qa_task
+
+    if task.kind in QA_KINDS:
+        return load_qa_task(task, which)
 
     try:
         if task.kind == "arithmetic":
@@ -369,7 +355,6 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.engines import SamplingConfig
     from rtpo.llm.env import LLMEnv
-    from rtpo.llm.tasks.math import MathTask
 
     b: LLMBackendConfig = cfg.backend
     task: LLMTaskConfig = cfg.task
@@ -377,12 +362,21 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
     train_task = load_task(task, "train")
 
     limit = context_limit(task, b)
+    from rtpo.llm.search import QA_KINDS, build_retriever, qa_env_kwargs
+
+    if task.kind in QA_KINDS:  # multi-hop QA: the search tool over one retriever, F1/EM scoring
+        kinds = qa_env_kwargs(task, build_retriever(task))
+    elif task.kind == "airline":
+        kinds = {}  # rtpo.llm.airline builds its own environment below
+    else:
+        kinds = {"sandbox": task.sandbox.limits(), "tools": task.tools}
 
     def make_env(t, which):
         try:
             env = LLMEnv(
                 t,
                 tokenizer,
+                **kinds,
                 context_map=task.context_map,
                 num_turns=task.num_turns,
                 enable_thinking=task.enable_thinking,
@@ -391,7 +385,6 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
                 answer_parse=task.answer_parse,
                 full_context_map=task.full_context_map,
                 max_context_tokens=limit,
-                sandbox=task.sandbox.limits(),
             )
         except (KeyError, ValueError) as e:
             raise ConfigError(f"task: {' '.join(str(e).split())}") from None
@@ -407,8 +400,14 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
             kept = tuple(item for q, item in enumerate(t.items) if q not in bad)
             if not kept:
                 raise ConfigError(f"task.drop_overlong: every {which} prompt is longer than {limit} tokens")
-            return make_env(MathTask(t.name, kept), which)
+            return make_env(type(t)(t.name, kept), which)
+        if env.summarizer is not None and getattr(env.summarizer, "engine", False) is None:
+            env.summarizer.engine = engines[0] if engines else None
+            pending.append(env)
         return env
+
+    engines: list = []  # the engine, once built: an engine-written summary (summarize ψ) needs it
+    pending: list = []
 
     if task.kind == "airline":  # the τ²-airline environment (rtpo.llm.airline) replaces the math one
         from rtpo.llm.airline.build import airline_env_factory
@@ -448,6 +447,9 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
         from rtpo.llm.engines.hf import HFEngine
 
         engine = HFEngine(model_dir, sampling, max_model_len=b.max_model_len)
+    engines.append(engine)
+    for e in pending:
+        e.summarizer.engine = engine
     return _RolloutSide(make_env=make_env, env=env, num_queries=len(train_task), stop=stop, engine=engine)
 
 
@@ -542,6 +544,9 @@ def task_schemas() -> list[dict]:
         out.append(AirlineTaskConfig.model_json_schema())
     except ImportError:
         pass
+    from rtpo.llm.search import QATaskConfig
+
+    out.append(QATaskConfig.model_json_schema())
     return out
 
 

@@ -11,11 +11,13 @@ Registered maps (CONTEXT_MAPS, select by name with `make_context_map`):
 - think_strip: the paper's E.4 filter: drop <think>…</think> from every earlier assistant turn, keep
                commentary, tool calls and tool results.
 - last_turns:  the prompt and only the last m turns (`m`, optionally think-stripped).
+- summarize:   the prompt, one summary block per older turn, the last m turns in full (E.2's summarisation;
+               the summaries are written when a turn ends and kept in S_k, rtpo.llm.summaries).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -31,6 +33,10 @@ def _frozen_ids(a: np.ndarray) -> np.ndarray:
     return a
 
 
+_EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
+
+
 @dataclass(frozen=True)
 class TurnBlocks:
     """One finished turn of S_k as token blocks (1-D int64 arrays, never mutated).
@@ -38,14 +44,17 @@ class TurnBlocks:
     raw:       generation prompt + the sampled response ids + <|im_end|> + newline.
     stripped:  the same assistant message with its thinking removed.
     feedback:  the tool/feedback message that answered it.
+    summary:   a short message standing for the whole turn (rtpo.llm.summaries), written when the turn
+               finished; empty unless the environment's ψ uses summaries.
     """
 
     raw: np.ndarray
     stripped: np.ndarray
     feedback: np.ndarray
+    summary: np.ndarray = field(default_factory=lambda: _EMPTY)
 
     def __post_init__(self) -> None:
-        for name in ("raw", "stripped", "feedback"):
+        for name in ("raw", "stripped", "feedback", "summary"):
             object.__setattr__(self, name, _frozen_ids(getattr(self, name)))
 
 
@@ -131,6 +140,38 @@ class LastTurns:
     def __call__(self, state: ChatState) -> np.ndarray:
         turns = state.turns[len(state.turns) - self.m :] if self.m else ()
         return _join(state, turns, strip=self.strip_thinking)
+
+
+@CONTEXT_MAPS.register("summarize")
+@dataclass(frozen=True)
+class Summarize:
+    """Summarisation (E.2): the prompt, a summary block for every turn but the last m, and the last m
+    turns in full (think-stripped when strip_thinking).  The summaries are written when each turn ends
+    (`summarizer`: extractive | engine, rtpo.llm.summaries) and stored in S_k, so ψ stays a pure function
+    of S_k and c_k is exactly what the sampler saw (uses_summary tells the environment to write them)."""
+
+    m: int = 1
+    strip_thinking: bool = True
+    summarizer: str = "extractive"
+    name: str = "summarize"
+    uses_summary: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.m, int) or self.m < 0:
+            raise ValueError(f"summarize: m must be a non-negative integer, got {self.m!r}")
+
+    def __call__(self, state: ChatState) -> np.ndarray:
+        cut = max(0, len(state.turns) - self.m)
+        parts = [state.prompt]
+        for t in state.turns[:cut]:
+            if t.summary.size == 0:
+                raise ValueError("summarize: a turn without a summary block (the environment did not write it)")
+            parts.append(t.summary)
+        for t in state.turns[cut:]:
+            parts.append(t.stripped if self.strip_thinking else t.raw)
+            parts.append(t.feedback)
+        parts.append(state.generation_prompt)
+        return np.concatenate(parts).astype(np.int64, copy=False)
 
 
 def make_context_map(name: str, **params) -> ContextMap:

@@ -31,6 +31,7 @@ from rtpo.llm.chat import ParsedResponse, Qwen3Chat, parse_response
 from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
 from rtpo.llm.rewards import ANSWER_PARSES, LENIENT_PARSERS, MathVerifier, default_verifier
 from rtpo.llm.sandbox import SandboxLimits, SandboxResult, run_python
+from rtpo.llm.summaries import TurnRecord, make_summarizer
 from rtpo.llm.tasks.math import MathItem, MathTask
 from rtpo.llm.tools import Tool, ToolSet, make_tool
 from rtpo.llm.tools.python import PythonTool
@@ -80,7 +81,8 @@ class LLMEnv:
 
     task:          the problems; query ids index into it.
     tokenizer:     a Qwen3 tokenizer with its chat template (`chat.load_qwen3_tokenizer()`).
-    context_map:   ψ, a registered name ("identity", "think_strip", "last_turns") or a ContextMap.
+    context_map:   ψ, a registered name ("identity", "think_strip", "last_turns", "summarize"), a
+                   {name: params} mapping, or a ContextMap.
     num_turns:     K, the turn horizon.
     gamma:         per-token discount (the paper uses 1).
     system:        optional system prompt; enable_thinking: the Qwen3 thinking switch.
@@ -99,6 +101,8 @@ class LLMEnv:
                    `full_contexts(episodes)` = that map's context of each episode, which the rollout
                    driver records into Trajectory.full_contexts, so a flat baseline (grpo with
                    train_context full_history/auto) trains on the full history behind ψ's rollouts.
+    summarizer:    writes each finished turn's summary block when ψ (or full_context_map) is a summarising
+                   map (`summarize`); default: the map's own `summarizer` by name (rtpo.llm.summaries).
     max_context_tokens: None (no limit), or the longest c_k a turn may be sampled from (E.3: max prompt
                    8192; at most the engine's max_model_len − 1): an episode whose next context would be
                    longer ends after the current turn, scored like a turn-K−1 end; a problem whose first
@@ -124,6 +128,7 @@ class LLMEnv:
         full_context_map: str | ContextMap | None = None,
         max_context_tokens: int | None = None,
         tools: ToolSet | Sequence[Any] | None = None,
+        summarizer: Any = None,
     ) -> None:
         if num_turns < 1:
             raise ValueError(f"LLMEnv: num_turns must be >= 1, got {num_turns}")
@@ -136,7 +141,7 @@ class LLMEnv:
         if full_context_map is not None:
             # an instance attribute, not a method: the driver records full contexts only when the
             # environment has this attribute (getattr), so unconfigured runs pay nothing
-            full_psi = make_context_map(full_context_map) if isinstance(full_context_map, str) else full_context_map
+            full_psi = _context_map(full_context_map)
             self.full_contexts = functools.partial(self.contexts_with, psi=full_psi)  # picklable
         self.task = task
         self.sandbox = sandbox or SandboxLimits()
@@ -147,7 +152,15 @@ class LLMEnv:
             tokenizer, tools=self.tools.schemas or None, system=system, enable_thinking=enable_thinking
         )
         self.no_action_feedback = no_action_feedback(self.tools)
-        self.psi: ContextMap = make_context_map(context_map) if isinstance(context_map, str) else context_map
+        self.psi: ContextMap = _context_map(context_map)
+        # a summarising ψ (here or behind full_contexts) needs each finished turn's summary block
+        maps = [self.psi] + ([full_psi] if full_context_map is not None else [])
+        wants = [p for p in maps if getattr(p, "uses_summary", False)]
+        if summarizer is None and wants:
+            summarizer = make_summarizer(getattr(wants[0], "summarizer", "extractive"))
+        self.summarizer = summarizer if wants else None
+        if self.summarizer is not None and getattr(self.summarizer, "chat", False) is None:
+            self.summarizer.chat = self.chat  # an engine-written summary speaks this chat format
         self.num_turns = num_turns
         self.gamma = gamma
         self.max_calls_per_turn = max_calls_per_turn
@@ -200,7 +213,7 @@ class LLMEnv:
     def contexts_with(self, episodes: Sequence[ChatEpisode], psi: str | ContextMap) -> Ragged:
         """ψ'(S_k) for another context map ψ' (e.g. the full history behind a think-stripped rollout):
         every S_k keeps all its blocks, so any map applies to any episode or boundary snapshot."""
-        other = make_context_map(psi) if isinstance(psi, str) else psi
+        other = _context_map(psi)
         return Ragged.from_rows([other(e.state) for e in episodes], dtype=np.int64)
 
     def turn_index(self, episodes: Sequence[ChatEpisode]) -> np.ndarray:
@@ -287,6 +300,14 @@ class LLMEnv:
                 results[i][slot] = r.text
             tool_states.append(st)
 
+        summaries: dict[int, str] = {}
+        if self.summarizer is not None:
+            going = [i for i in range(n) if not done[i]]
+            records = [
+                TurnRecord(parsed[i].content, tuple(calls[i]), tuple(results[i][s] for s in slots[i])) for i in going
+            ]
+            summaries = dict(zip(going, self.summarizer.summarize(records, rng)))
+
         out: list[ChatEpisode] = []
         for i, e in enumerate(episodes):
             history = e.history + (("assistant", texts[i]),)
@@ -299,6 +320,7 @@ class LLMEnv:
                 raw=self.chat.raw_assistant_block(gen.tokens[i]),
                 stripped=self.chat.assistant_block(parsed[i].content),
                 feedback=self.chat.tool_block(results[i]),
+                summary=self.chat.assistant_block(summaries[i]) if i in summaries else np.zeros(0, np.int64),
             )
             nxt = ChatEpisode(
                 e.query_id,
@@ -364,3 +386,15 @@ class LLMEnv:
             ((name, params),) = t.items()
             return make_tool(name, **dict(params or {}))
         return t
+
+
+def _context_map(spec: str | dict | ContextMap) -> ContextMap:
+    """ψ from a registered name, a {name: params} mapping (e.g. {summarize: {m: 1}}), or a ContextMap."""
+    if isinstance(spec, str):
+        return make_context_map(spec)
+    if isinstance(spec, dict):
+        if len(spec) != 1:
+            raise ValueError(f"a context map must be a name or {{name: {{params}}}}, got {sorted(spec)}")
+        ((name, params),) = spec.items()
+        return make_context_map(name, **dict(params or {}))
+    return spec

@@ -356,6 +356,8 @@ class FSDPLearner:
 
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
         self._check(batch)
+        if loss.objective != "clipped":  # its micro-batches could split a REFUEL pair across ranks
+            raise ValueError(f"the llm learner trains the clipped objective only, got objective {loss.objective!r}")
         if loss.kl_coef > 0 and self.ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model: build the learner with kl_reference=True")
         return self._call("train_step", (batch, loss))

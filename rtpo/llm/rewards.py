@@ -17,7 +17,8 @@ import string
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_verify_worker.py")
@@ -201,7 +202,7 @@ def math_reward(answer: str | None, gold: str, verifier: MathVerifier | None = N
 # answers: the last digit character of the content (a small BPE merges digits into multi-digit tokens,
 # so a random policy's last integer is rarely one digit; its last digit is one of ten):
 # scenarios/llm/tiny-cpu-learn.yaml uses it.  Never use either to report math accuracy.
-ANSWER_PARSES = ("boxed", "last_integer", "last_digit")
+ANSWER_PARSES = ("boxed", "last_integer", "last_digit", "answer_tag")
 _INTEGER = re.compile(r"(?<![\d.])-?\d+(?![\d.])")
 
 
@@ -221,7 +222,16 @@ def last_digit(text: str | None) -> str | None:
     return None
 
 
-LENIENT_PARSERS = {"last_integer": last_integer, "last_digit": last_digit}
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def answer_tag(text: str | None) -> str | None:
+    """The content of the last <answer>…</answer> (Search-R1's answer format), stripped; None if none."""
+    found = _ANSWER_TAG.findall(text or "")
+    return found[-1].strip() if found and found[-1].strip() else None
+
+
+LENIENT_PARSERS = {"last_integer": last_integer, "last_digit": last_digit, "answer_tag": answer_tag}
 
 
 # ---------------------------------------------------------------- QA token F1 (HotpotQA / SQuAD style)
@@ -251,12 +261,43 @@ def token_f1(prediction: str, gold: str) -> float:
 
 
 def exact_match(prediction: str, gold: str) -> float:
+    """HotpotQA's EM: the normalized answers are equal."""
     return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+@dataclass(frozen=True)
+class QAResult(RewardResult):
+    """A QA score: reward (F1 or EM, as configured) plus both as metrics (answer/f1, answer/em)."""
+
+    metrics: dict = field(default_factory=dict)
+
+
+class QAScorer:
+    """Scores a predicted answer against the gold answers of a QA item (the best over the golds).
+
+    reward: "f1" (the paper's Table 1 metric for HotpotQA / 2Wiki) or "em".  status: correct (EM = 1),
+    incorrect, no_answer (nothing parsed: reward 0).  Metrics f1 and em are reported either way.
+    """
+
+    def __init__(self, reward: str = "f1") -> None:
+        if reward not in ("f1", "em"):
+            raise ValueError(f"QAScorer: reward must be f1 or em, got {reward!r}")
+        self.reward = reward
+
+    def score(self, answer: str | None, gold: str | Sequence[str]) -> QAResult:
+        golds = (gold,) if isinstance(gold, str) else tuple(gold)
+        if answer is None:
+            return QAResult(0.0, "no_answer", "qa", {"f1": 0.0, "em": 0.0})
+        f1 = max(token_f1(answer, g) for g in golds)
+        em = max(exact_match(answer, g) for g in golds)
+        return QAResult(f1 if self.reward == "f1" else em, "correct" if em else "incorrect", "qa", {"f1": f1, "em": em})
 
 
 __all__ = [
     "STATUSES",
     "MathVerifier",
+    "QAResult",
+    "QAScorer",
     "RewardResult",
     "default_verifier",
     "exact_match",

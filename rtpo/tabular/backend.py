@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
+from rtpo.core.loss import FlatBatch, LossConfig, policy_loss
 from rtpo.core.types import Generation, Ragged, StepOutcome, TurnBatch
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import TabularPolicy
@@ -75,17 +75,28 @@ class TabularEnv:
         lengths = gen.tokens.lengths
         first = gen.tokens.values[np.minimum(gen.tokens.offsets[:-1], max(gen.tokens.values.size - 1, 0))] if n else a
         malformed = (lengths != 1) | (first < 0) | (first >= A)
-        a[~malformed] = first[~malformed]
+        any_malformed = bool(malformed.any())
+        if any_malformed:
+            a[~malformed] = first[~malformed]
+        else:
+            a = first.astype(np.int64)
         s = ep.state
-        reward = self._reward[s, a].copy()
+        sa = s * A + a  # one flat (state, action) index for every table
+        reward = self._reward.reshape(-1)[sa]
         if self.mdp.bernoulli_rewards:
             reward = (rng.random(n) < reward).astype(np.float64)
         u = rng.random(n)
-        idx = np.minimum((self._cum[s, a] <= u[:, None]).sum(axis=1), self._succ.shape[-1] - 1)
-        nxt = self._succ[s, a, idx]
-        done = self._ends[s, a] | (ep.turn >= self.num_turns - 1) | malformed
-        reward[malformed] = 0.0
-        duration = np.where(malformed, np.maximum(lengths, 1), self._tau[s, a]).astype(np.float64)
+        width = self._succ.shape[-1]
+        cum = self._cum.reshape(-1, width)[sa]
+        idx = np.minimum((cum <= u[:, None]).sum(axis=1), width - 1)
+        nxt = self._succ.reshape(-1)[sa * width + idx]
+        done = self._ends.reshape(-1)[sa] | (ep.turn >= self.num_turns - 1)
+        tau = self._tau.reshape(-1)[sa]
+        if any_malformed:
+            done |= malformed
+            reward[malformed] = 0.0
+            tau = np.where(malformed, np.maximum(lengths, 1), tau)
+        duration = tau.astype(np.float64)
         nxt = np.where(done, s, nxt)
         out = StepOutcome(reward=reward, duration=duration, done=done, feedback=[None] * n, malformed=malformed)
         return TabularEpisodes(np.where(done, ep.turn, ep.turn + 1), nxt), out
@@ -107,25 +118,54 @@ class TabularEnv:
         return ep.state - self.mdp.state_offset[ep.turn]
 
 
-def _decode_contexts(contexts: Ragged) -> tuple[torch.Tensor, torch.Tensor]:
-    if not contexts.is_uniform(2):
+def _context_pairs(contexts: Ragged) -> tuple[np.ndarray, np.ndarray]:
+    """(turn, context id) of each row of a batch of tabular contexts, as int64 arrays."""
+    if contexts.values.size != 2 * len(contexts) or not contexts.is_uniform(2):
         raise ValueError("tabular contexts are (turn, context id) token pairs")
-    pairs = np.array(contexts.values.reshape(-1, 2))
-    return torch.as_tensor(pairs[:, 0]), torch.as_tensor(pairs[:, 1])
+    pairs = np.asarray(contexts.values, dtype=np.int64).reshape(-1, 2)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def _decode_contexts(contexts: Ragged) -> tuple[torch.Tensor, torch.Tensor]:
+    turn, ctx = _context_pairs(contexts)
+    return torch.tensor(turn), torch.tensor(ctx)
+
+
+# policies with at most this many (turn, context, action) cells are evaluated as a whole table
+_TABLE_LIMIT = 1 << 20
 
 
 class TabularSampler:
-    """Sampler protocol: draws actions from the policy with the weights it was last given."""
+    """Sampler protocol: draws actions from the policy with the weights it was last given.
 
-    def __init__(self, policy: TabularPolicy, params: np.ndarray) -> None:
+    Weights only change at a sync, so when the policy's (turn, context) table is small (at most
+    `table_limit` entries) the sampler evaluates log π_k(·|c) for every (k, c) once per load_weights,
+    with the same `policy.log_probs` the learner calls (row by row the same arithmetic, so the
+    log-probs stay bit-identical to the learner's), together with its cumulative distribution; a
+    turn's sampling is then a gather over the live rows instead of a policy evaluation.
+    """
+
+    def __init__(self, policy: TabularPolicy, params: np.ndarray, table_limit: int | None = None) -> None:
         self.policy = policy
+        self.table_limit = _TABLE_LIMIT if table_limit is None else table_limit
         self.load_weights(params)
 
     def load_weights(self, weights: np.ndarray) -> None:
         self._params = torch.as_tensor(np.array(weights, dtype=np.float64, copy=True))
+        self._table = self._cdf = None
+        K, C, A = self.policy.num_turns, self.policy.num_contexts, self.policy.num_actions
+        if K * C * A <= self.table_limit:
+            turn = torch.arange(K).repeat_interleave(C)
+            ctx = torch.arange(C).repeat(K)
+            with torch.no_grad():
+                lp = self.policy.log_probs(self._params, turn, ctx).numpy().reshape(K, C, A)
+            self._table = lp
+            self._cdf = np.cumsum(np.exp(lp), axis=-1)
 
     def action_log_probs(self, contexts: Ragged) -> np.ndarray:
         turn, ctx = _decode_contexts(contexts)
+        if self._table is not None:
+            return self._table[turn.numpy(), ctx.numpy()]
         with torch.no_grad():
             return self.policy.log_probs(self._params, turn, ctx).numpy()
 
@@ -135,12 +175,17 @@ class TabularSampler:
         return -(np.exp(lp) * lp).sum(axis=1) / np.log(lp.shape[1])
 
     def generate(self, contexts: Ragged, turn: np.ndarray, n: int, rng: np.random.Generator) -> Generation:
-        lp = self.action_log_probs(contexts)  # (B, A)
-        cum = np.cumsum(np.exp(lp), axis=1)
+        if self._table is not None:
+            k, c = _context_pairs(contexts)
+            lp, cum = self._table[k, c], self._cdf[k, c]  # (B, A) each
+        else:
+            lp = self.action_log_probs(contexts)  # (B, A)
+            cum = np.cumsum(np.exp(lp), axis=1)
         u = rng.random((lp.shape[0], n)) * cum[:, -1:]
         a = np.minimum((cum[:, None, :] <= u[:, :, None]).sum(axis=2), lp.shape[1] - 1)  # (B, n)
         chosen = np.take_along_axis(lp, a, axis=1)
-        return Generation(Ragged.from_dense(a.reshape(-1, 1)), Ragged.from_dense(chosen.reshape(-1, 1)))
+        tokens = Ragged.from_dense(a.reshape(-1, 1))
+        return Generation(tokens, Ragged._owned(chosen.reshape(-1), tokens.offsets))
 
 
 class TabularLearner:
@@ -168,12 +213,14 @@ class TabularLearner:
     def _logits(self, turn: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         if not self.policy.turn_separable:
             return self.policy.logits(self.parts[0], turn, ctx)
-        rows, chunks = [], []
-        for k in torch.unique(turn).tolist():
-            r = torch.nonzero(turn == k).squeeze(1)
-            rows.append(r)
-            chunks.append(self.parts[k][ctx[r]])
-        return torch.cat(chunks)[torch.argsort(torch.cat(rows))]
+        lo, hi = torch.aminmax(turn) if turn.numel() else (turn.new_zeros(()), turn.new_ones(()))
+        if int(lo) == int(hi):  # one turn (an RTPO phase): its table alone, no split and merge
+            return self.parts[int(lo)][ctx]
+        # the tables of the turns present, stacked: one gather, and absent turns stay out of the graph
+        present = torch.unique(turn)
+        where = torch.full((len(self.parts),), -1, dtype=torch.int64)
+        where[present] = torch.arange(present.numel())
+        return torch.stack([self.parts[k] for k in present.tolist()])[where[turn], ctx]
 
     def _token_logp(self, batch: TurnBatch, params: torch.Tensor | None = None) -> torch.Tensor:
         if not batch.tokens.is_uniform(1):
@@ -183,11 +230,22 @@ class TabularLearner:
             lp = torch.log_softmax(self._logits(turn, ctx), dim=-1)
         else:
             lp = self.policy.log_probs(params, turn, ctx)
-        return lp.gather(1, torch.tensor(batch.tokens.values)[:, None]).squeeze(1)
+        return lp.gather(1, torch.tensor(batch.tokens.values, dtype=torch.int64)[:, None]).squeeze(1)
 
     def logprobs(self, batch: TurnBatch) -> Ragged:
         with torch.no_grad():
-            lp = self._token_logp(batch).numpy()
+            K, C, A = self.policy.num_turns, self.policy.num_contexts, self.policy.num_actions
+            if K * C * A <= min(_TABLE_LIMIT, 4 * batch.tokens.values.size * A):
+                # the whole (turn, context) table in one evaluation, then a gather: row by row the same
+                # arithmetic as the batch's own rows (so still bit-identical to the sampler's log-probs)
+                if not batch.tokens.is_uniform(1):
+                    raise ValueError("tabular responses are exactly one token (the action)")
+                k, c = _context_pairs(batch.contexts)
+                params = torch.stack(self.parts) if self.policy.turn_separable else self.parts[0]
+                table = self.policy.log_probs(params, torch.arange(K).repeat_interleave(C), torch.arange(C).repeat(K))
+                lp = table.numpy().reshape(K, C, A)[k, c, np.asarray(batch.tokens.values, np.int64)]
+            else:
+                lp = self._token_logp(batch).numpy()
         return Ragged(lp, batch.tokens.offsets)
 
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
@@ -197,7 +255,7 @@ class TabularLearner:
         if loss.kl_coef > 0:
             with torch.no_grad():
                 ref = self._token_logp(batch, self.ref_params)
-        value, metrics = clipped_policy_loss(logp, flat, loss, ref)
+        value, metrics = policy_loss(logp, flat, loss, ref)
         self.opt.zero_grad(set_to_none=True)
         value.backward()
         grads = [p.grad for p in self.parts if p.grad is not None]
@@ -228,13 +286,22 @@ class TabularEvaluator:
     def __init__(self, mdp: TurnMDP, policy: TabularPolicy) -> None:
         self.mdp = mdp
         self.policy = policy
-        self.v_star = solve(mdp).value
+        full = solve(mdp)
+        self.v_star = full.value
+        q0 = full.q[0]  # Q̃*_0(s, u): the optimal first actions of each start state
+        self._first_ok = q0 >= q0.max(axis=1, keepdims=True) - 1e-9
         self.v_star_psi = solve(mdp, mdp.psi, prefix_policy=uniform_policy(mdp)).value
         self.v_uniform = evaluate(mdp, uniform_policy(mdp)).value
 
     def __call__(self, learner: TabularLearner) -> dict[str, float]:
-        value = evaluate(self.mdp, self.policy.table(learner.weights())).value
+        table = self.policy.table(learner.weights())
+        value = evaluate(self.mdp, table).value
+        greedy = table[0][self.mdp.psi[0]].argmax(axis=1)  # (S_0,) the policy's most likely first action
+        wrong = ~self._first_ok[np.arange(greedy.size), greedy]
         return {
+            # start-state mass whose most likely first action is not optimal (a seed "locked onto a wrong
+            # first action" when this is above 1/2 at the end)
+            "eval/first_action_wrong": float(self.mdp.init @ wrong),
             "eval/value": value,
             "eval/v_star": self.v_star,
             "eval/v_star_psi": self.v_star_psi,

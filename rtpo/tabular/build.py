@@ -25,7 +25,7 @@ from rtpo.tabular.backend import TabularEnv, TabularEvaluator, TabularLearner, T
 from rtpo.tabular.diagnostic import decompose, decomposition_text
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import LogLinear, SoftmaxTable, TabularPolicy
-from rtpo.tabular.solve import solve, uniform_policy
+from rtpo.tabular.solve import ENUMERATION_LIMIT, best_deterministic_psi_policy, solve, uniform_policy
 from rtpo.tabular.tasks import TASKS, apply_psi, build_task, check_psi
 
 ROLLOUT_PATH = Field(
@@ -213,12 +213,26 @@ def solve_text(cfg: ScenarioConfig) -> str:
         f"scenario {cfg.name}: task {cfg.task.kind}, K={mdp.num_turns}, A={mdp.num_actions}, "
         f"states per turn {list(mdp.num_states) if mdp.num_turns <= 12 else sum(mdp.num_states)}, psi {cfg.task.psi}",
         f"V* = {full.value:.12g}",
-        f"V*_psi (recursive optimum over policies of psi-contexts) = {proj.value:.12g}",
+        "V*_psi (recursive optimum under psi: backward induction in which each context takes the action "
+        "maximising Q~ averaged over the states it pools, weighted by their reach probability under a uniform "
+        f"prefix policy, as RTPO's theta0 trunks at initialisation) = {proj.value:.12g}",
         "recursively optimal policy (context:action, identity psi):",
         *_compact_policy(full.policy, full.psi),
     ]
     if cfg.task.psi != "identity":
         out += ["recursively optimal psi-policy (context:action):", *_compact_policy(proj.policy, proj.psi)]
+        best = best_deterministic_psi_policy(mdp)
+        if best is None:
+            out.append(
+                f"best deterministic psi-policy: not enumerated (more than {ENUMERATION_LIMIT} policies); "
+                "V*_psi above is a lower bound on it"
+            )
+        else:
+            out += [
+                f"best deterministic psi-policy (exhaustive over {best.count} policies) = {best.value:.12g} "
+                "(a stochastic psi-policy can do better under aliasing)",
+                *_compact_policy(best.policy, mdp.psi),
+            ]
     out += decomposition_text(decompose(mdp, initial_policy(cfg, mdp)), diagnostic_group_size(cfg))
     return "\n".join(out)
 

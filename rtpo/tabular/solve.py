@@ -156,3 +156,76 @@ def solve(mdp: TurnMDP, psi: Sequence[np.ndarray] | None = None, prefix_policy: 
         v_next = v[k]
     f = tuple(v[k + 1] if k < K - 1 else np.zeros(0) for k in range(K))
     return Solution(tuple(q), tuple(v), f, float(mdp.init @ v[0]), policy=policy, psi=psi_t)
+
+
+@dataclass(frozen=True)
+class BestDeterministic:
+    """The best deterministic ψ-policy found by exhaustive search.
+
+    value: its exact value; policy: (K, C, A) one-hot; count: the number of policies searched
+    (A ** the number of (turn, context) pairs some state maps to)."""
+
+    value: float
+    policy: np.ndarray
+    count: int
+
+
+ENUMERATION_LIMIT = 1 << 20
+
+
+def best_deterministic_psi_policy(
+    mdp: TurnMDP, psi: Sequence[np.ndarray] | None = None, limit: int = ENUMERATION_LIMIT, chunk: int = 1 << 14
+) -> BestDeterministic | None:
+    """The best deterministic policy over the contexts ψ (default mdp.psi), by evaluating every one of
+    them exactly (Eq. 19–20 vectorised over a chunk of policies); None when there are more than `limit`.
+
+    Under an aliasing ψ this is the quantity a user usually means by "the best ψ-policy", and it can be
+    well above the recursive optimum `solve(mdp, psi, prefix_policy)` (which fixes each context's action
+    by Q̃ pooled under a stated prefix weighting, not by the policy's own state distribution); a
+    stochastic ψ-policy can be better still (memoryless policies of an aliased MDP).  Ties go to the
+    first policy in lexicographic order of (turn, context) actions.
+    """
+    K, A = mdp.num_turns, mdp.num_actions
+    psi_t = mdp.psi if psi is None else tuple(np.asarray(p, dtype=np.int64) for p in psi)
+    used = [np.unique(p) for p in psi_t]  # contexts some state maps to, per turn
+    n_pairs = sum(u.size for u in used)
+    count = A**n_pairs
+    if count > limit:
+        return None
+    # the policy with index i takes, at pair j (turn-major), action digit_j(i) in base A (digit 0 most significant)
+    place = A ** np.arange(n_pairs - 1, -1, -1, dtype=np.int64)
+    col = []  # per turn, (S_k,) the pair index of each state's context
+    j = 0
+    for k in range(K):
+        lookup = np.full(int(psi_t[k].max()) + 1, -1, dtype=np.int64)
+        lookup[used[k]] = np.arange(j, j + used[k].size)
+        col.append(lookup[psi_t[k]])
+        j += used[k].size
+    best_v, best_i = -np.inf, 0
+    for lo in range(0, count, chunk):
+        ids = np.arange(lo, min(lo + chunk, count), dtype=np.int64)
+        acts = (ids[:, None] // place[None, :]) % A  # (P, n_pairs)
+        v_next = None
+        for k in range(K - 1, -1, -1):
+            if v_next is None:
+                q = np.broadcast_to(mdp.reward[k][None], (ids.size, *mdp.reward[k].shape))
+            else:
+                cont = (mdp.transition_csr[k] @ v_next.T).T.reshape(ids.size, *mdp.reward[k].shape)
+                q = mdp.reward[k][None] + (mdp.gamma ** mdp.tau[k])[None] * cont
+            a = acts[:, col[k]]  # (P, S_k)
+            v_next = np.take_along_axis(q, a[:, :, None], axis=2)[:, :, 0]
+        vals = v_next @ np.asarray(mdp.init, np.float64)
+        i = int(np.argmax(vals))
+        if vals[i] > best_v + _TIE:
+            best_v, best_i = float(vals[i]), int(ids[i])
+    C = int(max(int(p.max()) for p in psi_t) + 1)
+    policy = np.zeros((K, C, A))
+    policy[:, :, 0] = 1.0
+    digits = (best_i // place) % A
+    j = 0
+    for k in range(K):
+        for c in used[k]:
+            policy[k, c] = 0.0
+            policy[k, c, digits[j]] = 1.0
+            j += 1
+    return BestDeterministic(best_v, policy, count)

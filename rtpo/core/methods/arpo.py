@@ -33,7 +33,8 @@ from rtpo.core.types import Ragged
 class ARPOConfig(FlatUpdateConfig):
     """M: rollout budget per query (16); N: initial rollouts (8); alpha, beta, tau: E.3's 0.5, 0.2, 0.5.
     stochastic: branch with probability P (public code) or iff P > tau (paper text).
-    normalize: GRPO's normalised advantage.  Loss settings as GRPO's."""
+    normalize: GRPO's normalised advantage; std: its σ, unbiased (n − 1) or population (n), as GRPO's.
+    Loss settings as GRPO's."""
 
     M: int = 16
     N: int = 8
@@ -42,9 +43,12 @@ class ARPOConfig(FlatUpdateConfig):
     tau: float = 0.5
     stochastic: bool = True
     normalize: bool = True
+    std: str = "unbiased"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.std not in estimators.GROUP_STDS:
+            raise ValueError(f"std must be one of {estimators.GROUP_STDS}, got {self.std!r}")
         if not 1 <= self.N <= self.M or self.M < 2:
             raise ValueError(f"ARPO needs 1 <= N <= M and M >= 2, got N={self.N} M={self.M}")
 
@@ -110,7 +114,7 @@ class ARPO(GroupRelative):
         return IterationState(pending=["update"], data=FlatIteration(paths, qs, metrics))
 
     def advantages(self, returns: np.ndarray) -> np.ndarray:
-        return estimators.group_advantage(returns, normalize=self.cfg.normalize)
+        return estimators.group_advantage(returns, normalize=self.cfg.normalize, std=self.cfg.std)
 
     def group_size(self) -> int:
         return self.cfg.M

@@ -110,15 +110,20 @@ class GRPOConfig(FlatUpdateConfig):
 
     G:              full trajectories per query (E.3: 16).
     normalize:      A = (R − μ)/(σ + 1e-6) (True) or R − μ (False, the form Eq. 1 writes, "Dr.GRPO").
+    std:            σ of the normalised advantage: unbiased (n − 1, as verl, TRL and Tree-GRPO compute
+                    it) or population (n).
     epochs, minibatch_size, clip_eps, clip_eps_high, kl_coef, log_ratio_clip, train_context:
                     FlatUpdateConfig's.
     """
 
     G: int = 16
     normalize: bool = True
+    std: str = "unbiased"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.std not in estimators.GROUP_STDS:
+            raise ValueError(f"std must be one of {estimators.GROUP_STDS}, got {self.std!r}")
         if self.G < 2:
             raise ValueError(f"G must be >= 2 for a group-relative advantage, got {self.G}")
 
@@ -167,7 +172,7 @@ class GroupRelative(Method):
 
     def advantages(self, returns: np.ndarray) -> np.ndarray:
         """(Q, G) returns of each query's group -> (Q, G) advantages (Eq. 1 / Eq. 9)."""
-        return estimators.group_advantage(returns, normalize=self.cfg.normalize)
+        return estimators.group_advantage(returns, normalize=self.cfg.normalize, std=self.cfg.std)
 
     def run_phase(self, ctx: RunContext, state: IterationState, key: Any) -> dict[str, float]:
         data: FlatIteration = state.data

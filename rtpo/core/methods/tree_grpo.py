@@ -23,14 +23,18 @@ from rtpo.core.methods.flat import FlatIteration, FlatUpdateConfig, GroupRelativ
 @dataclass(frozen=True)
 class TreeGRPOConfig(FlatUpdateConfig):
     """M trees per query, N expanded nodes per tree and round, L rounds (E.3: 4, 3, 1 -> 16 rollouts).
+    std: σ of both norms, unbiased (n − 1, as Tree-GRPO's code) or population (n).
     Loss settings as GRPO's (token ratio, token-mean)."""
 
     M: int = 4
     N: int = 3
     L: int = 1
+    std: str = "unbiased"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.std not in estimators.GROUP_STDS:
+            raise ValueError(f"std must be one of {estimators.GROUP_STDS}, got {self.std!r}")
         if self.M < 1 or self.N < 0 or self.L < 0:
             raise ValueError(f"Tree-GRPO needs M >= 1, N >= 0, L >= 0, got M={self.M} N={self.N} L={self.L}")
         if self.M * (self.L * self.N + 1) < 2:
@@ -92,7 +96,7 @@ class TreeGRPO(GroupRelative):
         data: FlatIteration = state.data
         cfg = self.cfg
         returns = np.array([path_return(p) for p in data.paths]).reshape(-1, cfg.M, self.leaves_per_tree())
-        adv = estimators.tree_advantage(returns)
+        adv = estimators.tree_advantage(returns, std=self.cfg.std)
         flat_r = returns.reshape(returns.shape[0], -1)
         metrics = {
             "phase/turn": -1.0,
