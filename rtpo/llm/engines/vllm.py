@@ -25,7 +25,9 @@ Implements rtpo.core.protocols.Sampler with the contract of engines/base.py.  De
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -142,7 +144,8 @@ class VLLMEngine:
         if self.on_cpu and not self.in_process:
             # the tied-lm_head re-pack runs as a callable inside the engine process
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        self.llm = LLM(**kwargs)
+        with _without_llvmlite_modules():
+            self.llm = LLM(**kwargs)
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.vocab_size = int(hf_config.vocab_size)
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
@@ -242,3 +245,19 @@ class VLLMEngine:
         except Exception:  # metrics are optional: older vLLM or stats disabled
             return {}
         return out
+
+
+@contextlib.contextmanager
+def _without_llvmlite_modules():
+    """vLLM's CPU platform, when an engine starts, walks every module in sys.modules to rebind Triton
+    kernels and fails on llvmlite's FFI wrappers (AttributeError in vllm.triton_utils.dispatcher) when
+    numba/llvmlite were imported earlier in the process (by any library).  Their entries are taken out
+    of sys.modules for the engine's start and put back after; the modules themselves stay loaded."""
+    hidden = {k: m for k, m in list(sys.modules.items()) if k.split(".")[0] in ("llvmlite", "numba")}
+    for k in hidden:
+        del sys.modules[k]
+    try:
+        yield
+    finally:
+        for k, m in hidden.items():
+            sys.modules.setdefault(k, m)
