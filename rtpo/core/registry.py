@@ -29,6 +29,15 @@ class Registry(Generic[T]):
             valid = ", ".join(sorted(self._items)) or "(none)"
             raise KeyError(f"unknown {self.kind} {name!r}; valid: {valid}") from None
 
+    def build(self, name: str, **params):
+        """Call the registered factory `name` with `params`; a bad parameter is a one-line ValueError
+        naming the entry (`tool 'search': ... unexpected keyword argument ...`)."""
+        factory = self.get(name)
+        try:
+            return factory(**params)
+        except TypeError as e:
+            raise ValueError(f"{self.kind} {name!r}: {e}") from None
+
     def names(self) -> list[str]:
         return sorted(self._items)
 

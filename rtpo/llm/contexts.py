@@ -176,8 +176,4 @@ class Summarize:
 
 def make_context_map(name: str, **params) -> ContextMap:
     """Build a registered context map by name; unknown names list the valid ones, bad params name the key."""
-    cls = CONTEXT_MAPS.get(name)
-    try:
-        return cls(**params)
-    except TypeError as e:
-        raise ValueError(f"context map {name!r}: {e}") from None
+    return CONTEXT_MAPS.build(name, **params)

@@ -348,11 +348,7 @@ class HTTPRetriever:
 
 
 def make_retriever(kind: str, **params: Any) -> Retriever:
-    cls = RETRIEVERS.get(kind)
-    try:
-        return cls(**params)
-    except TypeError as e:
-        raise ValueError(f"retriever {kind!r}: {e}") from None
+    return RETRIEVERS.build(kind, **params)
 
 
 __all__ = [

@@ -122,11 +122,7 @@ class EngineSummarizer:
 
 
 def make_summarizer(name: str, **params: Any) -> Summarizer:
-    cls = SUMMARIZERS.get(name)
-    try:
-        return cls(**params)
-    except TypeError as e:
-        raise ValueError(f"summarizer {name!r}: {e}") from None
+    return SUMMARIZERS.build(name, **params)
 
 
 __all__ = ["SUMMARIZERS", "EngineSummarizer", "ExtractiveSummarizer", "Summarizer", "TurnRecord", "make_summarizer"]

@@ -261,8 +261,4 @@ TASK_BUILDERS.register("math_file")(load_math)
 
 def build_task(kind: str, **params: Any) -> MathTask:
     """A task from config: `build_task("arithmetic", n=64, seed=0)`, `build_task("math_file", path=..., layout="gsm8k")`."""
-    fn = TASK_BUILDERS.get(kind)
-    try:
-        return fn(**params)
-    except TypeError as e:
-        raise ValueError(f"task {kind!r}: {e}") from None
+    return TASK_BUILDERS.build(kind, **params)

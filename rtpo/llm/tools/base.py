@@ -98,11 +98,7 @@ TOOLS: Registry = Registry("tool")
 
 
 def make_tool(name: str, **params) -> Tool:
-    factory = TOOLS.get(name)
-    try:
-        return factory(**params)
-    except TypeError as e:
-        raise ValueError(f"tool {name!r}: {e}") from None
+    return TOOLS.build(name, **params)
 
 
 def _validator(schema: Mapping[str, Any]):
