@@ -365,7 +365,7 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
     from rtpo.llm.search import QA_KINDS, build_retriever, qa_env_kwargs
 
     if task.kind in QA_KINDS:  # multi-hop QA: the search tool over one retriever, F1/EM scoring
-        kinds = qa_env_kwargs(task, build_retriever(task))
+        kinds = qa_env_kwargs(task, build_retriever(task), model_dir)
     elif task.kind == "airline":
         kinds = {}  # rtpo.llm.airline builds its own environment below
     else:
