@@ -233,14 +233,31 @@ class TrackedSampler:
     """The engine, plus what the run needs around it: the weights it last loaded (checkpoints) and the
     time spent loading weights (the sync share of a phase)."""
 
+    RESYNC = "resync: the learner's weights are pushed before the next sample"
+
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.current: Any = None
         self.sync_seconds = 0.0
         self.syncs = 0
+        self.needs_sync = False
 
     def generate(self, contexts, turn, n, rng):
+        if self.needs_sync:  # restored from an iteration-boundary checkpoint, which kept no sampler weights
+            raise RuntimeError(
+                "the sampler was restored without weights (an iteration-boundary checkpoint) and a method "
+                "sampled before pushing the learner's: every Method.begin must call ctx.sync() first"
+            )
         return self.engine.generate(contexts, turn, n, rng)
+
+    def state(self) -> Any:
+        return self.current
+
+    def load_state(self, weights: Any) -> None:
+        if isinstance(weights, str) and weights == self.RESYNC:
+            self.needs_sync = True
+        elif weights is not None:
+            self.load_weights(weights)
 
     def load_weights(self, weights: Any) -> None:
         t0 = time.perf_counter()
@@ -248,6 +265,7 @@ class TrackedSampler:
         self.sync_seconds += time.perf_counter() - t0
         self.syncs += 1
         self.current = weights
+        self.needs_sync = False
 
 
 def context_limit(task: LLMTaskConfig, b: LLMBackendConfig) -> int | None:
@@ -527,8 +545,10 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     return BuiltBackend(
         ctx=ctx,
         evaluate=evaluate,
-        sampler_state=lambda: sampler.current,
-        load_sampler_state=lambda w: sampler.load_weights(w) if w is not None else None,
+        sampler_state=sampler.state,
+        load_sampler_state=sampler.load_state,
+        # between iterations the checkpoint keeps no second copy of the weights: begin() pushes them anyway
+        sampler_state_at_boundary=lambda: TrackedSampler.RESYNC,
         num_queries=side.num_queries,
         value_key="eval/value",
         sampled_eval=sampled,
