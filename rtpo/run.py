@@ -407,6 +407,8 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                     prog.elapsed_s = saved_elapsed + time.perf_counter() - start
                     _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
+                    for t in trackers:  # what a resume will not run again may now go out
+                        t.commit(prog.global_phase)
                 done = prog.iteration + (
                     prog.phase_in_iter / prog.phases_in_iter
                     if prog.it_state is not None and prog.phases_in_iter
