@@ -19,6 +19,14 @@ import sys
 from pathlib import Path
 
 USAGE_ERROR = 2
+PLUGIN_HELP = (
+    "import MODULE first (repeatable): its registered methods, estimators, tasks, tools and backends "
+    "become valid names; a run records it in config.yaml (docs/plugins.md)"
+)
+
+
+def _add_plugin_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -70,8 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", metavar="DIR", default="runs", help="folder that receives the run folder (default: runs)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_plugin_option(run)
     solve = sub.add_parser("solve", help="exact optimum and recursively optimal policy of a scenario")
     solve.add_argument("args", nargs="+", metavar="SCENARIO [key=value ...]")
+    _add_plugin_option(solve)
     ev = sub.add_parser(
         "eval",
         help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy",
@@ -111,11 +121,14 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--chunk", type=int, metavar="P", help="problems per rollout call (default: all at once)")
     ev.add_argument("--scenario", metavar="FILE", help="with a HF model folder TARGET: the scenario to evaluate it in")
     ev.add_argument("--out", metavar="FILE", help="JSON report (default: RUN/eval.json, or ./eval-<name>.json)")
+    _add_plugin_option(ev)
     cfg = sub.add_parser("config", help="show a resolved scenario with every key's meaning, or the JSON Schema")
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="{show,schema}", parser_class=_OneLineParser)
     show = cfg_sub.add_parser("show", help="the fully resolved scenario, every key commented (a valid scenario file)")
     show.add_argument("args", nargs="*", metavar="[SCENARIO] [key=value ...]")
-    cfg_sub.add_parser("schema", help="JSON Schema of scenario files (every method, backend and task kind)")
+    _add_plugin_option(show)
+    schema = cfg_sub.add_parser("schema", help="JSON Schema of scenario files (every method, backend and task kind)")
+    _add_plugin_option(schema)
     sub.add_parser("scenarios", help="the shipped scenarios, one line each")
     plot = sub.add_parser("plot", help="learning curves of existing run folders (mean and band over seeds)")
     plot.add_argument(
@@ -152,6 +165,10 @@ def _cmd_run(ns: argparse.Namespace) -> int:
                     f"--resume continues a run with its own config.yaml; give no scenario ({scenario!r}), "
                     "only budget.* or logging.* overrides"
                 )
+            if ns.plugin:
+                return _fail(
+                    "--plugin goes with a new run: --resume loads the plugins recorded in the run's config.yaml"
+                )
             result = run_scenario(
                 None,
                 out_root=Path(ns.out),
@@ -163,7 +180,7 @@ def _cmd_run(ns: argparse.Namespace) -> int:
         else:
             if ns.iter is not None:
                 return _fail("--iter N goes with --resume RUN_DIR (or with rtpo eval / rtpo export)")
-            cfg = load_scenario(scenario, overrides)
+            cfg = load_scenario(scenario, overrides, plugins=ns.plugin)
             result = run_scenario(cfg, out_root=Path(ns.out), progress=not ns.no_progress)
     except ConfigError as e:
         return _fail(str(e))
@@ -190,7 +207,7 @@ def _cmd_solve(ns: argparse.Namespace) -> int:
     if scenario is None:
         return _fail("solve needs a scenario file")
     try:
-        cfg = load_scenario(scenario, overrides)
+        cfg = load_scenario(scenario, overrides, plugins=ns.plugin)
         spec = get_backend(cfg.backend.kind)
         if spec.solve is None:
             return _fail(f"backend {cfg.backend.kind!r} has no exact solver")
@@ -222,6 +239,9 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
             queries = int(queries)
         if ns.chunk is not None and ns.chunk < 1:
             return _fail(f"--chunk: must be >= 1, got {ns.chunk}")
+        from rtpo import plugins
+
+        plugins.load(ns.plugin, "--plugin")  # a run folder's own recorded plugins load with its config.yaml
         tgt = resolve_target(target, overrides, ns.scenario, ns.iter)
         out = Path(ns.out) if ns.out else default_out(tgt, ns.split)
         report = evaluate_target(tgt, ks, ns.samples, queries, ns.split, ns.seed, ns.threshold, ns.chunk)
@@ -242,17 +262,21 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
 def _cmd_config(ns: argparse.Namespace) -> int:
     import json
 
-    from rtpo import configdoc
+    from rtpo import configdoc, plugins
     from rtpo.config import ConfigError, load_scenario
 
     if ns.config_command == "schema":
+        try:
+            plugins.load(ns.plugin, "--plugin")
+        except ConfigError as e:
+            return _fail(str(e))
         print(json.dumps(configdoc.schema(), indent=2, default=str))
         return 0
     if ns.config_command != "show":
         return _fail("config needs a subcommand: show [SCENARIO] [key=value ...] | schema")
     scenario, overrides = _split_scenario(ns.args)
     try:
-        print(configdoc.show(load_scenario(scenario, overrides)), end="")
+        print(configdoc.show(load_scenario(scenario, overrides, plugins=ns.plugin)), end="")
     except ConfigError as e:
         return _fail(str(e))
     return 0
