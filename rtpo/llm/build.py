@@ -319,7 +319,8 @@ def _evaluate(sampled: SampledEval, env: Any, sampler: TrackedSampler, seed: int
     weights on the first task.eval_queries problems of the eval split, one sample each, drawn with a
     fixed seed (the same draws every time); plus the training env's counters since the last call and
     the weight-sync time."""
-    out = {f"env/{k}": float(v) for k, v in env.pop_metrics().items()}
+    # the env's wall-clock counters (time/tools_s, time/summarize_s, time/score_s) join the run's time/ keys
+    out = {(k if k.startswith("time/") else f"env/{k}"): float(v) for k, v in env.pop_metrics().items()}
     num = min(sampled.default_problems, sampled.splits["eval"].num_problems)
     out.update(in_run_metrics(sampled, np.arange(num, dtype=np.int64), seed + IN_RUN_SEED_OFFSET))
     out.update({"time/weight_sync_s": sampler.sync_seconds, "time/weight_syncs": float(sampler.syncs)})
