@@ -536,6 +536,14 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     )
 
 
+def export(cfg: ScenarioConfig, weights: dict, out: Any, manifest: dict | None = None) -> Path:
+    """BackendSpec.export: `weights` as a Hugging Face folder `out` with the run's model config,
+    generation config and tokenizer (rtpo.llm.export.write_hf_folder)."""
+    from rtpo.llm.export import write_hf_folder
+
+    return write_hf_folder(_model_dir(cfg), weights, out, manifest)
+
+
 def task_schemas() -> list[dict]:
     """JSON Schemas of the llm backend's task sections (math; airline when its module imports)."""
     out = [LLMTaskConfig.model_json_schema()]
@@ -554,6 +562,11 @@ def task_schemas() -> list[dict]:
 register_backend(
     "llm",
     BackendSpec(
-        config=LLMBackendConfig, parse_task=parse_task, build=build, build_role=build_role, task_schemas=task_schemas
+        config=LLMBackendConfig,
+        parse_task=parse_task,
+        build=build,
+        build_role=build_role,
+        task_schemas=task_schemas,
+        export=export,
     ),
 )
