@@ -5,6 +5,7 @@
     rtpo solve SCENARIO [key=value ...]
     rtpo eval TARGET [key=value ...] [--samples N] [--k 1,4,8] [--queries Q|all] [--split eval|train]
               [--seed S] [--threshold T] [--out FILE]      (rtpo.eval.main)
+    rtpo export RUN [--iter N] OUT                           (rtpo.export)
     rtpo verify ...      (rtpo.verify.cli.main)
     rtpo compare ...     (rtpo.compare.main)
 
@@ -38,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="rtpo", description="Reverse-Turn Policy Optimization testbed")
     p.add_argument("--version", action="version", version=f"rtpo {__version__}")
     sub = p.add_subparsers(
-        dest="command", metavar="{run,solve,eval,verify,compare,config,scenarios,plot}", parser_class=OneLineParser
+        dest="command",
+        metavar="{run,solve,eval,export,verify,compare,config,scenarios,plot}",
+        parser_class=OneLineParser,
     )
     run = sub.add_parser("run", help="train on a scenario (default: the embedded default scenario)")
     run.add_argument(
@@ -66,6 +69,15 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "eval", help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy (rtpo.eval)", add_help=False
     )
+    exp = sub.add_parser(
+        "export",
+        help="write an llm run's policy as a Hugging Face model folder (transformers, vLLM)",
+        description="Write the policy of a run's checkpoint as a Hugging Face folder: safetensors, config, "
+        "tokenizer, generation config, and rtpo_export.json naming the checkpoint.",
+    )
+    exp.add_argument("run", metavar="RUN", help="a run folder written by `rtpo run`")
+    exp.add_argument("out", metavar="OUT", help="the model folder to write (new, or an empty folder)")
+    exp.add_argument("--iter", type=int, metavar="N", help="the checkpoint after iteration N (default: the latest)")
     cfg = sub.add_parser("config", help="show a resolved scenario with every key's meaning, or the JSON Schema")
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="{show,schema}", parser_class=OneLineParser)
     show = cfg_sub.add_parser("show", help="the fully resolved scenario, every key commented (a valid scenario file)")
@@ -152,6 +164,18 @@ def _cmd_solve(ns: argparse.Namespace) -> int:
         print(spec.solve(cfg))
     except ConfigError as e:
         return _fail(str(e))
+    return 0
+
+
+def _cmd_export(ns: argparse.Namespace) -> int:
+    from rtpo.config import ConfigError
+    from rtpo.export import export_run
+
+    try:
+        out = export_run(ns.run, ns.out, ns.iter)
+    except ConfigError as e:
+        return _fail(str(e))
+    print(f"wrote {out}")
     return 0
 
 
@@ -244,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_run(ns)
     if ns.command == "solve":
         return _cmd_solve(ns)
+    if ns.command == "export":
+        return _cmd_export(ns)
     if ns.command == "config":
         return _cmd_config(ns)
     if ns.command == "scenarios":
