@@ -319,7 +319,8 @@ def _evaluate(sampled: SampledEval, env: Any, sampler: TrackedSampler, seed: int
     weights on the first task.eval_queries problems of the eval split, one sample each, drawn with a
     fixed seed (the same draws every time); plus the training env's counters since the last call and
     the weight-sync time."""
-    out = {f"env/{k}": float(v) for k, v in env.pop_metrics().items()}
+    # the env's wall-clock counters (time/tools_s, time/summarize_s, time/score_s) join the run's time/ keys
+    out = {(k if k.startswith("time/") else f"env/{k}"): float(v) for k, v in env.pop_metrics().items()}
     num = min(sampled.default_problems, sampled.splits["eval"].num_problems)
     out.update(in_run_metrics(sampled, np.arange(num, dtype=np.int64), seed + IN_RUN_SEED_OFFSET))
     out.update({"time/weight_sync_s": sampler.sync_seconds, "time/weight_syncs": float(sampler.syncs)})
@@ -365,7 +366,7 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
     from rtpo.llm.search import QA_KINDS, build_retriever, qa_env_kwargs
 
     if task.kind in QA_KINDS:  # multi-hop QA: the search tool over one retriever, F1/EM scoring
-        kinds = qa_env_kwargs(task, build_retriever(task))
+        kinds = qa_env_kwargs(task, build_retriever(task), model_dir)
     elif task.kind == "airline":
         kinds = {}  # rtpo.llm.airline builds its own environment below
     else:
@@ -535,6 +536,14 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     )
 
 
+def export(cfg: ScenarioConfig, weights: dict, out: Any, manifest: dict | None = None) -> Path:
+    """BackendSpec.export: `weights` as a Hugging Face folder `out` with the run's model config,
+    generation config and tokenizer (rtpo.llm.export.write_hf_folder)."""
+    from rtpo.llm.export import write_hf_folder
+
+    return write_hf_folder(_model_dir(cfg), weights, out, manifest)
+
+
 def task_schemas() -> list[dict]:
     """JSON Schemas of the llm backend's task sections (math; airline when its module imports)."""
     out = [LLMTaskConfig.model_json_schema()]
@@ -553,6 +562,11 @@ def task_schemas() -> list[dict]:
 register_backend(
     "llm",
     BackendSpec(
-        config=LLMBackendConfig, parse_task=parse_task, build=build, build_role=build_role, task_schemas=task_schemas
+        config=LLMBackendConfig,
+        parse_task=parse_task,
+        build=build,
+        build_role=build_role,
+        task_schemas=task_schemas,
+        export=export,
     ),
 )
