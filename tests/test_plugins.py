@@ -46,17 +46,17 @@ def _only_run(out: Path) -> Path:
 
 def _run_eval_resume(tmp_path: Path, pythonpath: list[Path], plugin_args: list[str]) -> Path:
     """`rtpo run` -> `rtpo eval` of the run folder -> `rtpo run --resume`, each a fresh process."""
-    args = ["run", *plugin_args, "method.name=rtpo_median", *SMALL, "--out", "runs", "--no-progress"]
+    args = ["run", *plugin_args, "method.name=rtpo_trimmed", *SMALL, "--out", "runs", "--no-progress"]
     _ok(_rtpo(args, tmp_path, pythonpath))
     run = _only_run(tmp_path / "runs")
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert cfg["method"]["name"] == "rtpo_median" and cfg["method"]["estimator"] == "sibling_median"
+    assert cfg["method"]["name"] == "rtpo_trimmed" and cfg["method"]["estimator"] == "sibling_trimmed_mean"
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2 * 4  # 2 iterations x K=4 phases
 
     _ok(_rtpo(["eval", str(run)], tmp_path, pythonpath))
     report = json.loads((run / "eval.json").read_text())
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
-    assert report["method"] == "rtpo_median"
+    assert report["method"] == "rtpo_trimmed"
     assert report["exact"]["eval/value"] == pytest.approx(last["eval/value"], rel=1e-12)  # the trained policy
 
     _ok(_rtpo(["run", "--resume", str(run), "budget.iterations=3", "--no-progress"], tmp_path, pythonpath))
@@ -67,11 +67,15 @@ def _run_eval_resume(tmp_path: Path, pythonpath: list[Path], plugin_args: list[s
 
 def _compare(tmp_path: Path, pythonpath: list[Path], args: list[str]) -> Path:
     """`rtpo compare` of the plugin's method; returns its one run folder."""
-    cmd = ["compare", *args, "--methods", "rtpo_median", "--seeds", "1", "--workers", "1", *SMALL, "--out", "cmp"]
+    cmd = ["compare", *args, "--methods", "rtpo_trimmed", "--seeds", "1", "--workers", "1", *SMALL, "--out", "cmp"]
     _ok(_rtpo(cmd, tmp_path, pythonpath))
     (folder,) = (tmp_path / "cmp").iterdir()
     (row,) = json.loads((folder / "comparison.json").read_text())["rows"]
-    assert row["method"] == "rtpo_median" and row["failed"] == [] and row["settings"]["estimator"] == "sibling_median"
+    assert (
+        row["method"] == "rtpo_trimmed"
+        and row["failed"] == []
+        and row["settings"]["estimator"] == "sibling_trimmed_mean"
+    )
     (run,) = [p for p in (folder / "runs").rglob("config.yaml")]
     return run.parent
 
@@ -81,9 +85,8 @@ def test_plugin_flag_through_run_eval_resume(tmp_path):
     assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["rtpo_plugin_example"]
 
 
-def test_plugin_in_compare_and_missing_plugin_is_one_line(tmp_path):
-    (tmp_path / "plug.yaml").write_text(default_scenario_text() + "plugins: [rtpo_plugin_example]\n")
-    run = _compare(tmp_path, [ROOT, EXAMPLE], ["plug.yaml"])
+def test_plugin_flag_in_compare_and_missing_plugin_is_one_line(tmp_path):
+    run = _compare(tmp_path, [ROOT, EXAMPLE], ["--plugin", "rtpo_plugin_example"])
     assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["rtpo_plugin_example"]
     # the run folder where the plugin is not importable: one line naming it, exit 2, nothing touched
     before = (run / "metrics.jsonl").read_text()
@@ -119,12 +122,37 @@ def test_entry_point_through_run_eval_resume_needs_no_flag(tmp_path, installed_e
 def test_entry_point_in_compare_and_switched_off(tmp_path, installed_example):
     _compare(tmp_path, [ROOT, installed_example], [])
     off = _rtpo(
-        ["run", "method.name=rtpo_median", *SMALL], tmp_path, [ROOT, installed_example], **{plugins.DISABLE_ENV: "1"}
+        ["run", "method.name=rtpo_trimmed", *SMALL], tmp_path, [ROOT, installed_example], **{plugins.DISABLE_ENV: "1"}
     )
-    assert off.returncode == 2 and "unknown method 'rtpo_median'" in off.stderr
+    assert off.returncode == 2 and "unknown method 'rtpo_trimmed'" in off.stderr
 
 
 # -- in-process: names, errors, recording -------------------------------------------------------------
+@pytest.fixture
+def example_on_path(monkeypatch):
+    """The example importable in this process; its registrations and import are undone afterwards (so
+    other tests' registries and a later fresh import are unaffected)."""
+    from rtpo.core.estimators import ESTIMATORS
+    from rtpo.core.methods import METHODS
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    monkeypatch.setattr(plugins, "_loaded", dict(plugins._loaded))
+    with ESTIMATORS.temporary(), METHODS.temporary():
+        yield
+    sys.modules.pop("rtpo_plugin_example", None)
+
+
+def test_compare_records_the_scenarios_plugins_in_every_job(tmp_path, example_on_path):
+    from rtpo import compare
+
+    (tmp_path / "plug.yaml").write_text(default_scenario_text() + "plugins: [rtpo_plugin_example]\n")
+    jobs, _ = compare.build_jobs(str(tmp_path / "plug.yaml"), ["rtpo", "rtpo_trimmed"], 1, [], None, tmp_path)
+    assert [j.data["plugins"] for j in jobs] == [["rtpo_plugin_example"]] * 2
+    assert [parse_scenario(j.data).method.config.estimator for j in jobs] == ["sibling_mean", "sibling_trimmed_mean"]
+    jobs, _ = compare.build_jobs(None, ["rtpo_trimmed"], 1, [], None, tmp_path, plugins=["rtpo_plugin_example"])
+    assert jobs[0].data["plugins"] == ["rtpo_plugin_example"]
+
+
 @pytest.mark.parametrize(
     "value, message",
     [
@@ -160,14 +188,13 @@ def test_plugin_that_fails_is_named(tmp_path, monkeypatch):
         assert name not in plugins.loaded()
 
 
-def test_plugins_are_recorded_and_round_trip(monkeypatch):
-    monkeypatch.syspath_prepend(str(EXAMPLE))
-    cfg = load_scenario(None, ["method.name=rtpo_median"], plugins=["rtpo_plugin_example"])
+def test_plugins_are_recorded_and_round_trip(example_on_path):
+    cfg = load_scenario(None, ["method.name=rtpo_trimmed"], plugins=["rtpo_plugin_example"])
     assert cfg.plugins == ("rtpo_plugin_example",)
     data = cfg.to_dict()
     assert list(data)[:3] == ["name", "seed", "plugins"]
     assert parse_scenario(yaml.safe_load(cfg.to_yaml())) == cfg
-    assert cfg.method.config.estimator == "sibling_median"
+    assert cfg.method.config.estimator == "sibling_trimmed_mean"
     # a scenario without plugins keeps its old config.yaml (and checkpoint fingerprint): no empty key
     assert "plugins" not in load_scenario(None).to_dict()
 
