@@ -273,11 +273,17 @@ def _task_schemas(spec) -> list[dict]:
 
 
 # -- docs/config.md -----------------------------------------------------------------------------------------
-DOC_SCENARIOS = ("default", "scenarios/llm/tiny-cpu.yaml")
+# one scenario of each task family, so that every task section's keys are documented
+DOC_SCENARIOS = (
+    "default",
+    "scenarios/llm/tiny-cpu.yaml",
+    "scenarios/llm/tiny-cpu-search.yaml",
+    "scenarios/llm/tiny-cpu-airline.yaml",
+)
 
 
 def markdown() -> str:
-    """docs/config.md: the resolved, commented default tabular scenario and the tiny LLM one."""
+    """docs/config.md: the resolved, commented default tabular scenario and a tiny LLM one per task family."""
     from rtpo.config import load_scenario
 
     parts = [

@@ -149,6 +149,12 @@ class LoggingConfig(Section):
         description="iteration checkpoints kept under RUN/ckpt/iter_N (the newest N; null = all) for "
         "`rtpo eval|export --iter N` and `rtpo run --resume RUN --iter N`",
     )
+    hf_export_every: int | None = Field(
+        None,
+        ge=1,
+        description="llm runs: write the policy as a Hugging Face model folder RUN/hf/iter_N after every N-th "
+        "iteration and after the last (null = never; `rtpo export RUN OUT` exports a checkpoint afterwards)",
+    )
     trackers: tuple[str, ...] = Field(
         ("jsonl",),
         description="experiment trackers fed the same record as metrics.jsonl (rtpo.trackers: jsonl, tensorboard)",
