@@ -63,7 +63,11 @@ class BackendSpec:
                    allocate, by the config key that drives each part; the loader refuses a scenario whose
                    total exceeds the machine's memory, naming the largest part's key.
     diagnostic:    optional (ScenarioConfig) -> lines `rtpo compare` prints under its table (tabular: the
-                   exact variance decomposition and RTPO/GRPO information index under the initial policy)."""
+                   exact variance decomposition and RTPO/GRPO information index under the initial policy).
+    export:        optional (ScenarioConfig, weights, out, manifest) -> out: write the policy given by
+                   `weights` (the learner's full state dict of model weights) as a standalone model folder
+                   (llm: a Hugging Face folder); `rtpo export` and `logging.hf_export_every` call it.
+                   A backend without it has nothing to export (`rtpo export` refuses in one line)."""
 
     config: type
     parse_task: Callable[[Any], Any]
@@ -73,6 +77,7 @@ class BackendSpec:
     memory: Callable[[ScenarioConfig], list[tuple[str, int]]] | None = None
     task_schemas: Callable[[], list[dict]] | None = None
     diagnostic: Callable[[ScenarioConfig], list[str]] | None = None
+    export: Callable[[ScenarioConfig, dict, Any, dict | None], Any] | None = None
 
 
 BACKENDS: Registry[BackendSpec] = Registry("backend")

@@ -9,6 +9,7 @@ read and write through the functions here.
         latest                  the name of the newest complete checkpoint folder (replaced atomically)
         iter_3/state.ckpt       the state after 3 completed iterations (kept: the last `logging.keep_last`)
         iter_3_phase_2/...      mid-iteration: iteration 4 with 2 of its phases done (only the newest is kept)
+    hf/iter_3/                  llm runs with logging.hf_export_every: the policy as a Hugging Face folder
 
 A checkpoint folder is complete before `latest` names it, and older folders are pruned only after, so a
 process killed at any point leaves `latest` naming a loadable checkpoint.  Runs written before the
@@ -48,6 +49,7 @@ CHECKPOINT_ID = "checkpoint.id"
 SUMMARY = "summary.md"
 SUMMARY_JSON = "summary.json"
 CURVE = "learning_curve.png"
+HF_DIR = "hf"  # RUN/hf/iter_N: Hugging Face folders written during the run (logging.hf_export_every)
 VERSION = 2
 _MAGIC = b"RTPO-CHECKPOINT "
 _STATE_KEYS = ("version", "learner", "sampler", "rng", "budget", "progress")
@@ -158,6 +160,9 @@ def discard_uncommitted(run_dir: Path) -> None:
         elif p.is_dir() and pos is not None:
             (p / (STATE + ".tmp")).unlink(missing_ok=True)
     (root / (LATEST + ".tmp")).unlink(missing_ok=True)
+    hf = Path(run_dir) / HF_DIR
+    for p in hf.glob(".*.tmp-*") if hf.is_dir() else ():  # an export killed before its rename
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def latest_name(run_dir: Path) -> str | None:
@@ -182,6 +187,11 @@ def latest_path(run_dir: Path) -> Path | None:
     if name is not None:
         return run_dir / CKPT_DIR / name / STATE
     return run_dir / CHECKPOINT if (run_dir / CHECKPOINT).is_file() else None
+
+
+def hf_export_path(run_dir: Path, iteration: int) -> Path:
+    """RUN/hf/iter_N: the Hugging Face folder of the policy after N iterations (logging.hf_export_every)."""
+    return Path(run_dir) / HF_DIR / checkpoint_name(iteration)
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -266,12 +276,12 @@ def resume_state(run_dir: Path, cfg: ScenarioConfig, iteration: int | None = Non
     run_dir = Path(run_dir)
     if iteration is not None:
         state = read_checkpoint(iteration_path(run_dir, iteration), cfg)
-        _check_id(run_dir, cfg)
+        check_id(run_dir, cfg)
         return state
     path = latest_path(run_dir)
     if path is not None and path.is_file():
         state = read_checkpoint(path, cfg)
-        _check_id(run_dir, cfg)
+        check_id(run_dir, cfg)
         return state
     if path is not None or (run_dir / CHECKPOINT_ID).exists():
         missing = path.relative_to(run_dir) if path is not None else f"{CKPT_DIR}/{LATEST}"
@@ -282,13 +292,23 @@ def resume_state(run_dir: Path, cfg: ScenarioConfig, iteration: int | None = Non
     return None
 
 
-def _check_id(run_dir: Path, cfg: ScenarioConfig) -> None:
+def check_id(run_dir: Path, cfg: ScenarioConfig) -> None:
+    """Refuse (one line) a run folder whose checkpoint.id names another run than `cfg`."""
     try:
         recorded = (run_dir / CHECKPOINT_ID).read_text().strip()
     except (OSError, UnicodeDecodeError):
         return  # a crash right after the first checkpoint can leave no id yet; the checkpoint itself matched
     if recorded != fingerprint(cfg):
         raise ConfigError(f"--resume {run_dir}: {CHECKPOINT_ID} names another run ({recorded[:12]})")
+
+
+def model_weights(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """The policy's full model state dict (HF names) held by checkpoint `path` whose verified state is
+    `state` (read_checkpoint): what `rtpo export` writes.  A one-line error when it holds none."""
+    learner = state.get("learner")
+    if isinstance(learner, dict) and isinstance(learner.get("model"), dict) and learner["model"]:
+        return learner["model"]
+    raise ConfigError(f"{path}: the checkpoint holds no model weights (its learner state has no 'model')")
 
 
 def read_metrics(run_dir: Path, limit: int | None = None) -> list[dict]:

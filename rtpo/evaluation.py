@@ -164,6 +164,13 @@ class EvalSamples:
                 # share of the gold supporting titles the searches retrieved (rtpo.llm.tools.search)
                 "f1_mean": None if c is None or "answer/f1" not in c else float(c["answer/f1"]) / episodes,
                 "em_mean": None if c is None or "answer/em" not in c else float(c["answer/em"]) / episodes,
+                # LLM-judged accuracy (rtpo.llm.judge), and how often the judge gave no verdict
+                "judge_mean": None if c is None or "answer/judge" not in c else float(c["answer/judge"]) / episodes,
+                "judge_malformed_rate": (
+                    None
+                    if c is None or "answer/judge" not in c
+                    else float(c.get("answer/judge_malformed", 0)) / max(float(c.get("answer/judge_calls", 0)), 1.0)
+                ),
                 "search_calls_mean": (
                     None
                     if c is None or "tool/search/episodes" not in c
@@ -247,6 +254,8 @@ _IN_RUN_KEYS = {
     "normal_termination_rate": "eval/normal_termination_rate",
     "f1_mean": "eval/f1",
     "em_mean": "eval/em",
+    "judge_mean": "eval/judge",
+    "judge_malformed_rate": "eval/judge_malformed_rate",
     "search_calls_mean": "eval/search_calls_mean",
     "retrieval_recall": "eval/retrieval_recall",
 }

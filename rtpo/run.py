@@ -63,13 +63,18 @@ class _Progress:
     metric_lines: int = 0  # lines of metrics.jsonl that belong to completed phases
     elapsed_s: float = 0.0  # wall time spent in earlier processes of this run
     it_state: Any = None  # the method's IterationState, None between iterations
+    method_state: Any = None  # what the method carries across iterations (Method.state_dict)
     phases_in_iter: int = 0  # phases the current iteration started with (progress bar only)
     stopped_by: str | None = None
 
 
-def _new_run_dir(out_root: Path, cfg: ScenarioConfig, stem: str | None = None) -> Path:
+def _check_out_root(out_root: Path) -> None:
     if out_root.exists() and not out_root.is_dir():
         raise ConfigError(f"--out {out_root}: exists and is not a folder")
+
+
+def _new_run_dir(out_root: Path, cfg: ScenarioConfig, stem: str | None = None) -> Path:
+    _check_out_root(out_root)
     try:
         out_root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -259,30 +264,63 @@ def run_scenario(
                     f"(any other setting makes another run)"
                 )
         new_cfg = load_scenario(run_dir / CONFIG, list(overrides)) if overrides else saved
+        _check_export(new_cfg)
         state = checkpoint.resume_state(run_dir, saved, iteration)  # verified before anything is touched
-        if iteration is not None:
-            run_dir = _fork(run_dir, new_cfg, state, iteration, Path(out_root))
-        elif new_cfg.to_dict() != saved.to_dict():
-            atomic_write_text(run_dir / CONFIG, new_cfg.to_yaml())
+        config_changed = new_cfg.to_dict() != saved.to_dict()
         cfg = new_cfg
     else:
         if cfg is None:
             raise ConfigError("run_scenario needs a scenario config or resume=RUN_DIR")
+        _check_export(cfg)
         if iteration is not None or overrides:
             raise ConfigError("iteration and overrides go with resume=RUN_DIR")
-        run_dir = _new_run_dir(Path(out_root), cfg)
-        atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
+        _check_out_root(Path(out_root))
 
+    # build first (load the task and its data, the model, the engines), then make or change folders:
+    # a task that fails to load leaves no run folder behind, and a resumed run's config.yaml unchanged
     built = get_backend(cfg.backend.kind).build(cfg)
     if cfg.backend.distributed != "none":
         from rtpo.distributed import distribute  # Ray is imported only by runs that ask for it
 
         built = distribute(built, cfg, cfg.backend.distributed, cfg.resources, cfg.backend.address)
     try:
+        if resume is None:
+            run_dir = _new_run_dir(Path(out_root), cfg)
+            atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
+        elif iteration is not None:
+            run_dir = _fork(run_dir, cfg, state, iteration, Path(out_root))
+        elif config_changed:
+            atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
         return _run_loop(cfg, built, run_dir, state, progress)
     finally:
         if isinstance(built.ctx, Closeable):
             built.ctx.shutdown()
+
+
+def _check_export(cfg: ScenarioConfig) -> None:
+    if cfg.logging.hf_export_every is not None and get_backend(cfg.backend.kind).export is None:
+        raise ConfigError(
+            f"logging.hf_export_every: a {cfg.backend.kind} run has no model to export (llm runs only; set it to null)"
+        )
+
+
+def _export_hf(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, prog: _Progress) -> None:
+    """RUN/hf/iter_N from the learner's current weights (logging.hf_export_every).  A resumed run that
+    redoes an iteration writes the same folder again (resume is exact), so an existing one is replaced."""
+    out = checkpoint.hf_export_path(run_dir, prog.iteration)
+    if out.exists():
+        shutil.rmtree(out)
+    manifest = {
+        "run": str(Path(run_dir).resolve()),
+        "checkpoint": None,
+        "fingerprint": checkpoint.fingerprint(cfg),
+        "iterations_done": prog.iteration,
+        "global_phase": prog.global_phase,
+        "scenario": cfg.name,
+        "method": cfg.method.name,
+        "seed": cfg.seed,
+    }
+    get_backend(cfg.backend.kind).export(cfg, built.ctx.learner.weights(), out, manifest)
 
 
 def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root: Path) -> Path:
@@ -325,6 +363,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
     ctx = built.ctx
     if state is not None:
         prog = _restore(state, built)
+        method.load_state_dict(prog.method_state)
         checkpoint.discard_uncommitted(run_dir)
         truncate_metrics(run_dir, prog.metric_lines)
     else:
@@ -401,10 +440,14 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                     t.log(line, prog.global_phase)
                 if iter_done:
                     prog.it_state, prog.iteration = None, prog.iteration + 1
+                    every = cfg.logging.hf_export_every
+                    if every is not None and (last or prog.iteration % every == 0):
+                        _export_hf(run_dir, cfg, built, prog)
                 # the elapsed time so far belongs to the checkpoint, so a resumed run's clock continues
                 if last or interrupt.requested or prog.global_phase % cfg.logging.checkpoint_every == 0:
                     saved_elapsed = prog.elapsed_s
                     prog.elapsed_s = saved_elapsed + time.perf_counter() - start
+                    prog.method_state = method.state_dict()
                     _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
                     for t in trackers:  # what a resume will not run again may now go out
@@ -422,6 +465,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
         for t in trackers:
             t.close()
     prog.elapsed_s += time.perf_counter() - start
+    prog.method_state = method.state_dict()
     _save_checkpoint(run_dir, cfg, built, prog)
     metrics = read_metrics(run_dir)
     summary = _finish(run_dir, cfg, built, metrics, prog)

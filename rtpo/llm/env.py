@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,7 +30,7 @@ import numpy as np
 from rtpo.core.types import Generation, Ragged, StepOutcome
 from rtpo.llm.chat import ParsedResponse, Qwen3Chat, parse_response
 from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
-from rtpo.llm.rewards import ANSWER_PARSES, LENIENT_PARSERS, MathVerifier, default_verifier
+from rtpo.llm.rewards import ANSWER_PARSES, LENIENT_PARSERS, BatchScorer, MathVerifier, default_verifier
 from rtpo.llm.sandbox import SandboxLimits, SandboxResult, run_python
 from rtpo.llm.summaries import TurnRecord, make_summarizer
 from rtpo.llm.tasks.math import MathItem, MathTask
@@ -256,6 +257,7 @@ class LLMEnv:
         slots: list[list[int]] = [[] for _ in range(n)]  # where each call's result goes in results[i]
         results: list[list[str]] = [[] for _ in range(n)]
         m = self.metrics
+        to_score: list[tuple[int, str | None, ChatEpisode]] = []  # finished episodes, scored in one batch
         m["turns"] += n
         m["truncated_turns"] += sum(not p.finished for p in parsed)
         for i, (e, p) in enumerate(zip(episodes, parsed)):
@@ -264,7 +266,7 @@ class LLMEnv:
             answer = self._answer(p)
             if last or (answer is not None and not wants_tools):
                 done[i] = True
-                reward[i] = self._score(answer, e)
+                to_score.append((i, answer, e))
                 if last and answer is None and wants_tools:
                     m["tool/cut_by_horizon"] += 1
                 continue
@@ -293,7 +295,9 @@ class LLMEnv:
                     slots[i].append(len(results[i]))
                     results[i].append("")
                     calls[i].append((call.name, call.arguments))
+        t0 = time.perf_counter()
         ran = self.tools.run_batch(calls, [e.tool_state for e in episodes], m, threads=self.tool_threads)
+        m["time/tools_s"] += time.perf_counter() - t0
         tool_states = []
         for i, (res, st) in enumerate(ran):
             for slot, r in zip(slots[i], res):
@@ -306,7 +310,9 @@ class LLMEnv:
             records = [
                 TurnRecord(parsed[i].content, tuple(calls[i]), tuple(results[i][s] for s in slots[i])) for i in going
             ]
+            t0 = time.perf_counter()
             summaries = dict(zip(going, self.summarizer.summarize(records, rng)))
+            m["time/summarize_s"] += time.perf_counter() - t0
 
         out: list[ChatEpisode] = []
         for i, e in enumerate(episodes):
@@ -334,12 +340,17 @@ class LLMEnv:
                 # answer written beside tool calls still counts)
                 done[i] = True
                 feedback[i] = None
-                reward[i] = self._score(self._answer(parsed[i]), e)
+                to_score.append((i, self._answer(parsed[i]), e))
                 self.tools.end_metrics(nxt.tool_state, e.item, m)
                 m["context_overflow"] += 1
                 out.append(replace(nxt, done=True))
                 continue
             out.append(nxt)
+        t0 = time.perf_counter()
+        for (i, _, _), r in zip(to_score, self._score_many([(a, e) for _, a, e in to_score])):
+            reward[i] = r
+        if to_score:
+            m["time/score_s"] += time.perf_counter() - t0
         m["malformed"] += int(malformed.sum())
         m["episodes_done"] += int(done.sum())
         outcome = StepOutcome(
@@ -365,12 +376,23 @@ class LLMEnv:
             return LENIENT_PARSERS[self.answer_parse](p.content)
         return p.answer
 
-    def _score(self, answer: str | None, e: ChatEpisode) -> float:
-        r = self._verifier_or_default().score(answer, e.item.answer)
-        self.metrics[f"answer/{r.status}"] += 1
-        for k, v in (getattr(r, "metrics", None) or {}).items():  # e.g. QA's f1 / em (rtpo.llm.tasks.qa)
-            self.metrics[f"answer/{k}"] += v
-        return r.reward
+    def _score_many(self, done: Sequence[tuple[str | None, ChatEpisode]]) -> list[float]:
+        """Rewards of finished episodes: one batch for a scorer that batches (an LLM judge), else one
+        score per answer.  Each result's status and metrics are counted (answer/<status>, answer/<key>)."""
+        if not done:
+            return []
+        scorer = self._verifier_or_default()
+        if isinstance(scorer, BatchScorer):
+            results = scorer.score_batch(
+                [a for a, _ in done], [e.item.answer for _, e in done], [_question(e.item) for _, e in done]
+            )
+        else:
+            results = [scorer.score(a, e.item.answer) for a, e in done]
+        for r in results:
+            self.metrics[f"answer/{r.status}"] += 1
+            for k, v in (getattr(r, "metrics", None) or {}).items():  # e.g. QA's f1 / em (rtpo.llm.tasks.qa)
+                self.metrics[f"answer/{k}"] += v
+        return [r.reward for r in results]
 
     def _verifier_or_default(self) -> MathVerifier:
         if self._verifier is None:
@@ -386,6 +408,11 @@ class LLMEnv:
             ((name, params),) = t.items()
             return make_tool(name, **dict(params or {}))
         return t
+
+
+def _question(item: Any) -> str:
+    """The question as asked, without the prompt template (QA items keep it as raw_question)."""
+    return getattr(item, "raw_question", "") or item.question
 
 
 def _context_map(spec: str | dict | ContextMap) -> ContextMap:

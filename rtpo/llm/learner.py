@@ -500,31 +500,14 @@ class FSDPLearner:
         self._weights_cache, self._fwd_cache = None, None
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path | None:
-        """An HF-format checkpoint (config, safetensors, tokenizer) loadable by vLLM and transformers."""
+        """An HF-format model folder (config, safetensors, tokenizer, generation config) of the current
+        weights, loadable by vLLM and transformers (rtpo.llm.export.write_hf_folder); rank 0 returns it."""
         weights = self.weights()
         if self.rank != 0:
             return None
-        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+        from rtpo.llm.export import write_hf_folder
 
-        from rtpo.llm.model import load_tokenizer
-
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        config = AutoConfig.from_pretrained(self.model_path, local_files_only=True)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[self.cfg.param_dtype])
-        model.load_state_dict(weights, strict=False, assign=True)
-        model.tie_weights()
-        missing = [k for k, v in model.state_dict().items() if v.is_meta]
-        if missing:
-            raise RuntimeError(f"learner weights lack {missing[:3]}")
-        model.save_pretrained(str(out), safe_serialization=True)
-        try:
-            GenerationConfig.from_pretrained(self.model_path, local_files_only=True).save_pretrained(str(out))
-        except OSError:
-            pass  # a model folder without generation_config.json
-        load_tokenizer(self.model_path).save_pretrained(str(out))
-        return out
+        return write_hf_folder(self.model_path, weights, out_dir)
 
     def close(self) -> None:
         """Stop the worker ranks (rank 0) and join their processes."""

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Protocol, runtime_checkable
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_verify_worker.py")
 STATUSES = ("correct", "incorrect", "no_answer", "unparsed", "timeout", "error")
@@ -272,6 +273,16 @@ class QAResult(RewardResult):
     metrics: dict = field(default_factory=dict)
 
 
+@runtime_checkable
+class BatchScorer(Protocol):
+    """A scorer that wants every answer finished in a step at once, with its question (an LLM judge:
+    rtpo.llm.judge.JudgeScorer).  The environment calls score_batch instead of score when a scorer has it."""
+
+    def score_batch(
+        self, answers: Sequence[str | None], golds: Sequence[str | Sequence[str]], questions: Sequence[str]
+    ) -> list[RewardResult]: ...
+
+
 class QAScorer:
     """Scores a predicted answer against the gold answers of a QA item (the best over the golds).
 
@@ -295,6 +306,7 @@ class QAScorer:
 
 __all__ = [
     "STATUSES",
+    "BatchScorer",
     "MathVerifier",
     "QAResult",
     "QAScorer",

@@ -53,6 +53,23 @@ class RetrieverSection(BaseModel):
         return self
 
 
+class JudgeSection(BaseModel):
+    """`task.judge`: the LLM-as-judge scorer (rtpo.llm.judge), used when task.reward is judge."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+    model: str = Field(
+        "initial",
+        description="local HF folder of the judge (the paper: a 72B instruct model), or initial: a frozen "
+        "copy of the run's starting model (plumbing tests)",
+    )
+    engine: Literal["hf", "vllm"] = Field("hf", description="the judge's engine (greedy decoding)")
+    max_tokens: int = Field(16, ge=1, le=4096, description="verdict tokens (one word is asked for)")
+    enable_thinking: bool = Field(False, description="let a Qwen3 judge think before its verdict")
+    fallback: Literal["f1", "em", "zero"] = Field("f1", description="reward when the verdict is not yes/no")
+    max_chars: int = Field(1000, ge=1, description="question, golds and answer are each cut to this")
+    kv_cache_gb: float = Field(1.0, gt=0, description="vllm judge: KV cache memory")
+
+
 class QATaskConfig(BaseModel):
     """Multi-hop QA with a search tool (HotpotQA, 2WikiMultiHopQA, Search-R1 data, or generated)."""
 
@@ -71,7 +88,10 @@ class QATaskConfig(BaseModel):
     prompt: str | None = Field(None, description="user-message template with {question} (null = the default)")
     tools: list[str | dict[str, Any]] = Field(["search"], description="tools offered: [search], [python, search]")
     retriever: RetrieverSection = Field(default_factory=RetrieverSection, description="where passages come from")
-    reward: Literal["f1", "em"] = Field("f1", description="the training reward (both are logged)")
+    reward: Literal["f1", "em", "judge"] = Field(
+        "f1", description="the training reward: f1 | em | judge (an LLM judge, task.judge); f1 and em are logged"
+    )
+    judge: JudgeSection | None = Field(None, description="the LLM judge's model and engine (reward: judge)")
     num_turns: int = Field(6, ge=1, description="K, the turn horizon (E.3: 6 for search)")
     context_map: str | dict[str, Any] = Field(
         "think_strip", description="psi: think_strip | identity | last_turns | summarize ({summarize: {m: 1}})"
@@ -98,6 +118,8 @@ class QATaskConfig(BaseModel):
     def _check(self) -> QATaskConfig:
         if self.kind != "multihop" and self.path is None:
             raise ValueError(f"kind {self.kind!r} reads a local file: set task.path")
+        if self.reward == "judge" and self.judge is None:
+            raise ValueError("reward judge needs task.judge (e.g. judge: {model: /path/to/judge})")
         if self.prompt is not None and "{question}" not in self.prompt:
             raise ValueError("prompt must contain {question}")
         return self
@@ -167,9 +189,34 @@ def build_retriever(task: QATaskConfig):
         raise ConfigError(f"task.retriever.corpus: {e}") from None
 
 
-def qa_env_kwargs(task: QATaskConfig, retriever: Any) -> dict:
+def build_judge(judge: JudgeSection, model_dir: Any):
+    """The judge scorer of a QA scenario: a frozen engine at greedy settings over the judge model's own
+    tokenizer (`initial` = the run's starting model folder, loaded separately, so training never moves it)."""
+    from pathlib import Path
+
+    from rtpo.llm.chat import Qwen3Chat, load_qwen3_tokenizer
+    from rtpo.llm.engines import SamplingConfig
+    from rtpo.llm.judge import JudgeScorer
+
+    path = Path(model_dir) if judge.model == "initial" else Path(judge.model)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"task.judge.model: {str(path)!r} is not a local HF model folder (no config.json)")
+    chat = Qwen3Chat(load_qwen3_tokenizer(str(path)), tools=None, enable_thinking=judge.enable_thinking)
+    sampling = SamplingConfig(temperature=0.0, max_tokens=judge.max_tokens, stop_token_ids=tuple(chat.stop_ids))
+    if judge.engine == "vllm":
+        from rtpo.llm.engines.vllm import VLLMEngine
+
+        engine = VLLMEngine(path, sampling, seed=0, kv_cache_gb=judge.kv_cache_gb)
+    else:
+        from rtpo.llm.engines.hf import HFEngine
+
+        engine = HFEngine(path, sampling)
+    return JudgeScorer(engine, chat, fallback=judge.fallback, max_chars=judge.max_chars)
+
+
+def qa_env_kwargs(task: QATaskConfig, retriever: Any, model_dir: Any = None) -> dict:
     """The LLMEnv arguments that make it a QA environment: its tools (search bound to `retriever`) and
-    its scorer."""
+    its scorer (F1/EM, or the LLM judge: `model_dir` is the run's model folder, for judge.model initial)."""
     from rtpo.llm.rewards import QAScorer
     from rtpo.llm.tools.search import SearchTool
 
@@ -180,13 +227,20 @@ def qa_env_kwargs(task: QATaskConfig, retriever: Any) -> dict:
             tools.append(SearchTool(retriever, r.topk, r.max_query_chars, r.max_passage_chars))
         else:
             tools.append(t)
-    return {"tools": tools, "verifier": QAScorer(task.reward), "sandbox": task.sandbox.limits()}
+    if task.reward == "judge":
+        assert task.judge is not None  # the config's validator requires it
+        scorer: Any = build_judge(task.judge, model_dir)
+    else:
+        scorer = QAScorer(task.reward)
+    return {"tools": tools, "verifier": scorer, "sandbox": task.sandbox.limits()}
 
 
 __all__ = [
     "QA_KINDS",
+    "JudgeSection",
     "QATaskConfig",
     "RetrieverSection",
+    "build_judge",
     "build_retriever",
     "load_qa_task",
     "parse_qa_task",
