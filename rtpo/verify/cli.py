@@ -93,7 +93,7 @@ def _targets_for(mutant_name: str, fast: bool) -> tuple[list[str], list[str]]:
 
     m = mutants.get(mutant_name)
     if fast:
-        return [str(REPO_ROOT / k) for k in m.killers], ["-x"]
+        return [str(REPO_ROOT / k) for k in mutants.killer_nodes(mutant_name)], ["-x"]
     return [str(VERIFY_DIR / f) for f in m.modules], []
 
 
