@@ -505,6 +505,8 @@ def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: li
         "wall_s": prog.elapsed_s,
         "rollout_train_ratio_mean": _mean(metrics, "consistency/rollout_train_ratio"),
         "zero_advantage_rate_mean": _mean(metrics, "adv/zero_rate"),
+        # the share of sibling rollouts in tied groups (RTPO family; equals the rate when groups are equal)
+        "zero_advantage_rollout_share_mean": _mean(metrics, "adv/zero_rollout_share"),
     }
     refs = {
         k: final[k] for k in ((built.optimum_key,) if built.optimum_key else ()) + built.reference_keys if k in final
