@@ -44,7 +44,9 @@ def _run(tmp: Path, name: str, legacy: bool) -> Path:
         assert cli.main(args) == 0
     else:
         save, sharded = run_mod._save_checkpoint, FSDPLearner.save_sharded
-        run_mod._save_checkpoint = lambda d, c, b, p: save(d, c, dataclasses.replace(b, sampler_state_at_boundary=None), p)
+        run_mod._save_checkpoint = lambda d, c, b, p: save(
+            d, c, dataclasses.replace(b, sampler_state_at_boundary=None), p
+        )
         del FSDPLearner.save_sharded
         try:
             assert cli.main(args) == 0

@@ -1,5 +1,5 @@
 """Search-tool cost: retrieval latency per query (BM25 in process vs the Search-R1 HTTP path) and the share
-of an RTPO turn spent in tools; writes bench/search.json.
+of an RTPO turn and of a real RTPO iteration spent in tools; writes bench/search.json.
 
     python bench/search.py [--quick]
 
@@ -14,6 +14,11 @@ of an RTPO turn spent in tools; writes bench/search.json.
    the environment's step when every response is a search call (scripted responses: a random model
    writes none, so a real run's share is ~0; this is the search-every-turn bound).  Reported: seconds of
    each and tools / (tools + generate).
+3. iteration share: one real RTPO iteration of scenarios/llm/tiny-cpu-search.yaml (vLLM engine, FSDP2
+   learner, BM25, summarising ψ) through `rtpo run`; the environment's wall-clock counters (time/tools_s,
+   time/summarize_s, time/score_s, summed over the phases) against the phases' time (time/phase_s).  The
+   tiny random policy seldom writes a well-formed search call, so this is the real run's share at that
+   policy; the turn share above is the bound when every response searches.
 Ratios are measured in the same run on the same machine; absolute times are for context only.
 """
 
@@ -113,11 +118,11 @@ def latency(root: Path, questions: int) -> dict:
 def turn_share(root: Path, episodes: int) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from rtpo.core.types import Generation, Ragged
-    from rtpo.llm.build import tiny_random_model
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.engines import SamplingConfig
     from rtpo.llm.engines.vllm import VLLMEngine
     from rtpo.llm.env import LLMEnv
+    from rtpo.llm.model_cache import tiny_random_model
     from rtpo.llm.retrieval import BM25Retriever
     from rtpo.llm.rewards import QAScorer
     from rtpo.llm.tasks.qa import corpus_from_contexts, load_qa, write_multihop
@@ -161,6 +166,39 @@ def turn_share(root: Path, episodes: int) -> dict:
     }
 
 
+def iteration_share(root: Path) -> dict:
+    from rtpo import cli
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "llm" / "tiny-cpu-search.yaml"
+    out = root / "runs"
+    argv = ["run", str(scenario), "budget.iterations=1", f"backend.model_cache={root / 'models'}"]
+    argv += [f"task.data_dir={root / 'data'}", "--out", str(out), "--no-progress"]
+    if cli.main(argv) != 0:
+        raise SystemExit("bench/search.py: the tiny-cpu-search run failed")
+    (run,) = out.iterdir()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    phases = [r for r in rows if "time/phase_s" in r]
+
+    def total(key: str) -> float:
+        return float(sum(r.get(key, 0.0) for r in phases))
+
+    phase_s = total("time/phase_s")
+    tools_s, summarize_s, score_s = total("time/tools_s"), total("time/summarize_s"), total("time/score_s")
+    return {
+        "scenario": "scenarios/llm/tiny-cpu-search.yaml",
+        "phases": len(phases),
+        "phase_s": phase_s,
+        "tools_s": tools_s,
+        "summarize_s": summarize_s,
+        "score_s": score_s,
+        "tool_share": tools_s / phase_s,
+        "env_share": (tools_s + summarize_s + score_s) / phase_s,
+        "search_calls": total("env/tool/search/calls"),
+        "malformed_tool_calls": total("env/malformed/tool_call"),
+        "turns": total("env/turns"),
+    }
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smaller corpus")
@@ -175,6 +213,7 @@ def main(argv=None) -> dict:
             "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()},
             "latency": latency(root, questions),
             "turn_share": turn_share(root, 36),
+            "iteration_share": iteration_share(root),
         }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))

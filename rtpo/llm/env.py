@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -294,7 +295,9 @@ class LLMEnv:
                     slots[i].append(len(results[i]))
                     results[i].append("")
                     calls[i].append((call.name, call.arguments))
+        t0 = time.perf_counter()
         ran = self.tools.run_batch(calls, [e.tool_state for e in episodes], m, threads=self.tool_threads)
+        m["time/tools_s"] += time.perf_counter() - t0
         tool_states = []
         for i, (res, st) in enumerate(ran):
             for slot, r in zip(slots[i], res):
@@ -307,7 +310,9 @@ class LLMEnv:
             records = [
                 TurnRecord(parsed[i].content, tuple(calls[i]), tuple(results[i][s] for s in slots[i])) for i in going
             ]
+            t0 = time.perf_counter()
             summaries = dict(zip(going, self.summarizer.summarize(records, rng)))
+            m["time/summarize_s"] += time.perf_counter() - t0
 
         out: list[ChatEpisode] = []
         for i, e in enumerate(episodes):
@@ -341,8 +346,11 @@ class LLMEnv:
                 out.append(replace(nxt, done=True))
                 continue
             out.append(nxt)
+        t0 = time.perf_counter()
         for (i, _, _), r in zip(to_score, self._score_many([(a, e) for _, a, e in to_score])):
             reward[i] = r
+        if to_score:
+            m["time/score_s"] += time.perf_counter() - t0
         m["malformed"] += int(malformed.sum())
         m["episodes_done"] += int(done.sum())
         outcome = StepOutcome(

@@ -93,3 +93,55 @@ def test_retrieval_outage_is_feedback_and_the_episode_goes_on(world):
     assert not out.done[0] and "Error: search is unavailable" in out.feedback[0]
     m = env.pop_metrics()
     assert m["tool/search/server_errors"] == 1 and m["tool/errors"] == 1
+
+
+class CountingEngine:
+    """The real HF engine, counting its generate calls and the prompts it was given."""
+
+    def __init__(self, engine):
+        self.engine, self.calls, self.prompts = engine, 0, 0
+
+    def generate(self, contexts, turn, n, rng):
+        self.calls += 1
+        self.prompts += len(contexts)
+        return self.engine.generate(contexts, turn, n, rng)
+
+
+def test_engine_summaries_are_written_once_by_the_real_engine(world, tmp_path):
+    """summarize ψ with the engine summarizer on the real HF engine (tiny random Qwen3 with the real
+    vocab). One generate call per step writes a summary for every episode still going. The context holds
+    that summary in place of the older turn, and forking or re-reading the context never calls the
+    engine again."""
+    pytest.importorskip("transformers")
+    from rtpo.llm.engines import HFEngine, SamplingConfig
+    from rtpo.llm.model_cache import tiny_random_model
+
+    task, retriever, tok = world
+    engine = CountingEngine(
+        HFEngine(tiny_random_model(tmp_path / "models", 0), SamplingConfig(temperature=0.0, max_tokens=6))
+    )
+    env = LLMEnv(
+        task,
+        tok,
+        num_turns=4,
+        tools=[SearchTool(retriever)],
+        verifier=QAScorer(),
+        enable_thinking=False,
+        context_map={"summarize": {"m": 1, "summarizer": "engine"}},
+    )
+    env.summarizer.engine = engine  # what the llm backend does once its engine exists
+    rng = np.random.default_rng(0)
+    eps = env.reset(np.array([0, 1]), rng)
+    eps, out = env.step(eps, _gen(env, [_search(task[0].raw_question), "\\boxed{done}"]), rng)
+    assert (engine.calls, engine.prompts) == (1, 1)  # the finished episode gets no summary
+    (going,) = [e for e, d in zip(eps, out.done) if not d]
+    eps, _ = env.step([going], _gen(env, [_search("second")]), rng)
+    assert (engine.calls, engine.prompts) == (2, 2)
+    summary = env.chat.decode(eps[0].state.turns[0].summary)
+    assert "Earlier turn (summary):" in summary
+    c2 = env.chat.decode(env.contexts(eps)[0])
+    assert summary.split("<|im_start|>assistant\n")[-1].split("<|im_end|>")[0] in c2
+    assert "Doc 1 (Title:" not in c2.split("Earlier turn (summary):")[1].split("second")[0]  # turn 0's passages gone
+    sibs = env.restore(pickle.loads(pickle.dumps(env.snapshot(eps))) * 3)
+    assert all(np.array_equal(c, env.contexts(eps)[0]) for c in env.contexts(sibs))
+    assert engine.calls == 2  # restoring and reading contexts wrote no summary

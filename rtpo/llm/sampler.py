@@ -1,0 +1,75 @@
+"""The sampler an llm run hands the core: the engine (vLLM or HF) plus the weights it last loaded (for
+checkpoints) and the time spent loading weights; and eval_engine, the engine borrowed for an evaluation
+at the learner's weights and the evaluation sampling settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+
+class TrackedSampler:
+    """The engine, plus what the run needs around it: the weights it last loaded (checkpoints) and the
+    time spent loading weights (the sync share of a phase)."""
+
+    RESYNC = "resync: the learner's weights are pushed before the next sample"
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.current: Any = None
+        self.sync_seconds = 0.0
+        self.syncs = 0
+        self.needs_sync = False
+
+    def generate(self, contexts, turn, n, rng):
+        if self.needs_sync:  # restored from an iteration-boundary checkpoint, which kept no sampler weights
+            raise RuntimeError(
+                "the sampler was restored without weights (an iteration-boundary checkpoint) and a method "
+                "sampled before pushing the learner's: every Method.begin must call ctx.sync() first"
+            )
+        return self.engine.generate(contexts, turn, n, rng)
+
+    def state(self) -> Any:
+        """What a checkpoint stores for the sampler: the weights it last loaded (None: the model folder's)."""
+        return self.current
+
+    def load_state(self, weights: Any) -> None:
+        """Restore state(), or RESYNC (an iteration-boundary checkpoint): sampling is refused until the
+        next load_weights."""
+        if isinstance(weights, str) and weights == self.RESYNC:
+            self.needs_sync = True
+        elif weights is not None:
+            self.load_weights(weights)
+
+    def normalized_entropy(self, contexts, turn):
+        """ARPO's entropy signal (rtpo.core.protocols.EntropySampler), from the engine."""
+        probe = getattr(self.engine, "normalized_entropy", None)
+        if probe is None:
+            raise TypeError(f"arpo needs an engine with normalized_entropy; {type(self.engine).__name__} has none")
+        return probe(contexts, turn)
+
+    def load_weights(self, weights: Any) -> None:
+        t0 = time.perf_counter()
+        self.engine.load_weights(weights)
+        self.sync_seconds += time.perf_counter() - t0
+        self.syncs += 1
+        self.current = weights
+        self.needs_sync = False
+
+
+@contextlib.contextmanager
+def eval_engine(engine: Any, learner: Any, sampler: TrackedSampler, eval_sampling: Any):
+    """The engine with the learner's current weights at the evaluation sampling settings; afterwards
+    the sampler's own weights and settings are put back (an off-policy method may keep them stale on
+    purpose)."""
+    previous = sampler.current
+    engine.load_weights(learner.weights())
+    saved, engine.sampling = engine.sampling, eval_sampling
+    try:
+        yield engine
+    finally:
+        engine.sampling = saved
+        if previous is not None:
+            engine.load_weights(previous)
