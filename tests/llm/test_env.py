@@ -204,6 +204,7 @@ def test_malformed_turns_are_feedback_not_crashes(tok, text, expect):
     assert tool.calls == []
 
 
+@pytest.mark.slow  # waits out the sandbox's wall limit: 30 s
 def test_tool_errors_and_limits_come_back_as_text(tok):
     env = _env(tok)
     call = '<tool_call>\n{"name": "python", "arguments": {"code": "import time\\nprint(1)\\ntime.sleep(60)"}}\n</tool_call>'
