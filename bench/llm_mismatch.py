@@ -180,11 +180,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rtpo.llm.build import tiny_random_model
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.engines import SamplingConfig
     from rtpo.llm.env import LLMEnv
     from rtpo.llm.learner import LearnerConfig, launch_learner
+    from rtpo.llm.model_cache import tiny_random_model
     from rtpo.llm.tasks.math import arithmetic_task
 
     t0 = time.perf_counter()

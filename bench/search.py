@@ -118,11 +118,11 @@ def latency(root: Path, questions: int) -> dict:
 def turn_share(root: Path, episodes: int) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from rtpo.core.types import Generation, Ragged
-    from rtpo.llm.build import tiny_random_model
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.engines import SamplingConfig
     from rtpo.llm.engines.vllm import VLLMEngine
     from rtpo.llm.env import LLMEnv
+    from rtpo.llm.model_cache import tiny_random_model
     from rtpo.llm.retrieval import BM25Retriever
     from rtpo.llm.rewards import QAScorer
     from rtpo.llm.tasks.qa import corpus_from_contexts, load_qa, write_multihop

@@ -1,15 +1,15 @@
-"""The `rtpo` command: run a scenario, solve it exactly, and dispatch to `verify` and `compare`.
+"""The `rtpo` command: run a scenario, solve it exactly, and dispatch to `eval`, `verify` and `compare`.
 
     rtpo run [SCENARIO] [key=value ...] [--out DIR]
     rtpo run --resume RUN_DIR [budget.KEY=value | logging.KEY=value ...] [--iter N [--out DIR]]
     rtpo solve SCENARIO [key=value ...]
     rtpo eval TARGET [key=value ...] [--samples N] [--k 1,4,8] [--queries Q|all] [--split eval|train]
-              [--seed S] [--threshold T] [--out FILE]      (rtpo.eval)
+              [--seed S] [--threshold T] [--out FILE]      (rtpo.eval.main)
     rtpo export RUN [--iter N] OUT                           (rtpo.export)
     rtpo verify ...      (rtpo.verify.cli.main)
     rtpo compare ...     (rtpo.compare.main)
 
-Bad input is one line on stderr and exit status 2.
+Bad input is one line on stderr and exit status 2 (rtpo.cliutil, which every command uses).
 """
 
 from __future__ import annotations
@@ -19,20 +19,11 @@ import importlib
 import sys
 from pathlib import Path
 
-USAGE_ERROR = 2
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage plus the error over several lines; rtpo's contract is one line, exit 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        print(f"{self.prog}: error: {' '.join(message.split())}", file=sys.stderr)
-        raise SystemExit(USAGE_ERROR)
+from rtpo.cliutil import USAGE_ERROR, OneLineParser, fail
 
 
 def _fail(message: str) -> int:
-    print(f"rtpo: error: {' '.join(str(message).split())}", file=sys.stderr)
-    return USAGE_ERROR
+    return fail("rtpo", message)
 
 
 def _split_scenario(args: list[str]) -> tuple[str | None, list[str]]:
@@ -45,12 +36,12 @@ def _split_scenario(args: list[str]) -> tuple[str | None, list[str]]:
 def _parser() -> argparse.ArgumentParser:
     from rtpo import __version__
 
-    p = _OneLineParser(prog="rtpo", description="Reverse-Turn Policy Optimization testbed")
+    p = OneLineParser(prog="rtpo", description="Reverse-Turn Policy Optimization testbed")
     p.add_argument("--version", action="version", version=f"rtpo {__version__}")
     sub = p.add_subparsers(
         dest="command",
         metavar="{run,solve,eval,export,verify,compare,config,scenarios,plot}",
-        parser_class=_OneLineParser,
+        parser_class=OneLineParser,
     )
     run = sub.add_parser("run", help="train on a scenario (default: the embedded default scenario)")
     run.add_argument(
@@ -75,45 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     solve = sub.add_parser("solve", help="exact optimum and recursively optimal policy of a scenario")
     solve.add_argument("args", nargs="+", metavar="SCENARIO [key=value ...]")
-    ev = sub.add_parser(
-        "eval",
-        help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy",
-        description="Sample N episodes per problem from a policy and report Pass@k (unbiased "
-        "estimator), mean reward, tokens, turns, tool calls, tool success, "
-        "truncation and malformed rates; prints a table and writes JSON.",
+    sub.add_parser(
+        "eval", help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy (rtpo.eval)", add_help=False
     )
-    ev.add_argument(
-        "target",
-        metavar="TARGET",
-        help="a scenario file (its initial policy), a run folder of `rtpo run` (its latest checkpoint's "
-        "policy, or with --iter N the one after iteration N) or a checkpoint file in it, or a HF model "
-        "folder with --scenario",
-    )
-    ev.add_argument("--iter", type=int, metavar="N", help="with a run folder: the checkpoint after iteration N")
-    ev.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="scenario overrides as `rtpo run` takes them, e.g. backend.engine=hf task.eval_path=FILE",
-    )
-    ev.add_argument("--samples", type=int, metavar="N", help="samples per problem (default: the largest k)")
-    ev.add_argument("--k", default="1", metavar="K1,K2,...", help="k values of pass@k (default: 1)")
-    ev.add_argument(
-        "--queries",
-        metavar="Q",
-        help="problems to evaluate: a count or 'all' (default: the whole split; tabular: 1024 start-state draws)",
-    )
-    ev.add_argument("--split", default="eval", choices=("eval", "train"), help="held-out or training problems")
-    ev.add_argument(
-        "--seed",
-        type=int,
-        metavar="S",
-        help="sampling seed (default: scenario seed + 7919, the seed of the in-run evaluation)",
-    )
-    ev.add_argument("--threshold", type=float, metavar="T", help="success = return > T (default: 0)")
-    ev.add_argument("--chunk", type=int, metavar="P", help="problems per rollout call (default: all at once)")
-    ev.add_argument("--scenario", metavar="FILE", help="with a HF model folder TARGET: the scenario to evaluate it in")
-    ev.add_argument("--out", metavar="FILE", help="JSON report (default: RUN/eval.json, or ./eval-<name>.json)")
     exp = sub.add_parser(
         "export",
         help="write an llm run's policy as a Hugging Face model folder (transformers, vLLM)",
@@ -124,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("out", metavar="OUT", help="the model folder to write (new, or an empty folder)")
     exp.add_argument("--iter", type=int, metavar="N", help="the checkpoint after iteration N (default: the latest)")
     cfg = sub.add_parser("config", help="show a resolved scenario with every key's meaning, or the JSON Schema")
-    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="{show,schema}", parser_class=_OneLineParser)
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="{show,schema}", parser_class=OneLineParser)
     show = cfg_sub.add_parser("show", help="the fully resolved scenario, every key commented (a valid scenario file)")
     show.add_argument("args", nargs="*", metavar="[SCENARIO] [key=value ...]")
     cfg_sub.add_parser("schema", help="JSON Schema of scenario files (every method, backend and task kind)")
@@ -209,45 +164,6 @@ def _cmd_solve(ns: argparse.Namespace) -> int:
         print(spec.solve(cfg))
     except ConfigError as e:
         return _fail(str(e))
-    return 0
-
-
-def _cmd_eval(ns: argparse.Namespace) -> int:
-    import json
-
-    from rtpo.config import ConfigError
-    from rtpo.eval import default_out, evaluate_target, format_table, parse_ks, resolve_target
-
-    target, overrides = ns.target, ns.overrides
-    if "=" in target and not Path(target).exists():
-        return _fail(f"eval needs a TARGET (scenario file, run folder or checkpoint) before overrides, got {target!r}")
-    try:
-        ks = parse_ks(ns.k)
-        if ns.samples is not None and ns.samples < 1:
-            return _fail(f"--samples: must be >= 1, got {ns.samples}")
-        if ns.samples is not None and ks[-1] > ns.samples:
-            return _fail(f"--k: k={ks[-1]} > --samples {ns.samples} (pass@k needs at least k samples per problem)")
-        queries = ns.queries
-        if queries is not None and queries != "all":
-            if not queries.isdigit() or int(queries) < 1:
-                return _fail(f"--queries: must be a positive integer or 'all', got {queries!r}")
-            queries = int(queries)
-        if ns.chunk is not None and ns.chunk < 1:
-            return _fail(f"--chunk: must be >= 1, got {ns.chunk}")
-        tgt = resolve_target(target, overrides, ns.scenario, ns.iter)
-        out = Path(ns.out) if ns.out else default_out(tgt, ns.split)
-        report = evaluate_target(tgt, ks, ns.samples, queries, ns.split, ns.seed, ns.threshold, ns.chunk)
-    except (ConfigError, ValueError) as e:
-        return _fail(str(e))
-    print(format_table(report))
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        tmp.replace(out)
-    except OSError as e:
-        return _fail(f"--out {out}: cannot write the report ({e})")
-    print(f"wrote {out}")
     return 0
 
 
@@ -339,28 +255,19 @@ def _cmd_plot(ns: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # verify/compare own their arguments entirely: hand everything after the subcommand over untouched
+    # verify/compare/eval own their arguments entirely: hand everything after the subcommand over untouched
     if argv and argv[0] == "verify":
         return _dispatch("rtpo.verify.cli", argv[1:])
     if argv and argv[0] == "compare":
         return _dispatch("rtpo.compare", argv[1:])
-    parser = _parser()
     if argv and argv[0] == "eval":
-        # overrides may follow options (TARGET --samples 4 backend.engine=hf): argparse hands back the
-        # positionals it meets after an option as unknown, so they are collected here
-        ns, extra = parser.parse_known_args(argv)
-        bad = [a for a in extra if a.startswith("-") or "=" not in a]
-        if bad:
-            parser.error(f"unrecognized arguments: {' '.join(bad)}")
-        ns.overrides = [*ns.overrides, *extra]
-    else:
-        ns = parser.parse_args(argv)
+        return _dispatch("rtpo.eval", argv[1:])
+    parser = _parser()
+    ns = parser.parse_args(argv)
     if ns.command == "run":
         return _cmd_run(ns)
     if ns.command == "solve":
         return _cmd_solve(ns)
-    if ns.command == "eval":
-        return _cmd_eval(ns)
     if ns.command == "export":
         return _cmd_export(ns)
     if ns.command == "config":

@@ -3,12 +3,14 @@
     rtpo eval TARGET [key=value ...] [--iter N] [--samples N] [--k 1,4,8] [--queries Q|all]
                      [--split eval|train] [--seed S] [--threshold T] [--out FILE]
 
-The metrics are rtpo.evaluation's (re-exported here); this module resolves the target, builds its backend,
-loads the checkpoint's policy and writes the report.
+The metrics are rtpo.evaluation's (the library; re-exported here); this module is the command: its
+arguments (main, command), resolving the target, building its backend, loading the checkpoint's policy, the
+table and the report.  `rtpo eval ...` and `python -m rtpo.eval ...` are the same command.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 from collections.abc import Sequence
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rtpo.cliutil import OneLineParser, fail, write_json
 from rtpo.core.protocols import Closeable
 from rtpo.evaluation import (  # noqa: F401 - re-exported: the metrics library's names under rtpo.eval too
     IN_RUN_SEED_OFFSET,
@@ -240,3 +243,107 @@ def format_table(report: dict[str, Any]) -> str:
         *(f"  {name:<{width}}  {fmt(v)}" for name, v in rows),
     ]
     return "\n".join(lines)
+
+
+# -- the command ------------------------------------------------------------------------------------------
+PROG = "rtpo eval"
+
+
+def _parser() -> OneLineParser:
+    p = OneLineParser(
+        prog=PROG,
+        description="Sample N episodes per problem from a policy and report Pass@k (unbiased "
+        "estimator), mean reward, tokens, turns, tool calls, tool success, "
+        "truncation and malformed rates; prints a table and writes JSON.",
+    )
+    p.add_argument(
+        "target",
+        metavar="TARGET",
+        help="a scenario file (its initial policy), a run folder of `rtpo run` (its latest checkpoint's "
+        "policy, or with --iter N the one after iteration N) or a checkpoint file in it, or a HF model "
+        "folder with --scenario",
+    )
+    p.add_argument("--iter", type=int, metavar="N", help="with a run folder: the checkpoint after iteration N")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="scenario overrides as `rtpo run` takes them, e.g. backend.engine=hf task.eval_path=FILE",
+    )
+    p.add_argument("--samples", type=int, metavar="N", help="samples per problem (default: the largest k)")
+    p.add_argument("--k", default="1", metavar="K1,K2,...", help="k values of pass@k (default: 1)")
+    p.add_argument(
+        "--queries",
+        metavar="Q",
+        help="problems to evaluate: a count or 'all' (default: the whole split; tabular: 1024 start-state draws)",
+    )
+    p.add_argument("--split", default="eval", choices=("eval", "train"), help="held-out or training problems")
+    p.add_argument(
+        "--seed",
+        type=int,
+        metavar="S",
+        help="sampling seed (default: scenario seed + 7919, the seed of the in-run evaluation)",
+    )
+    p.add_argument("--threshold", type=float, metavar="T", help="success = return > T (default: 0)")
+    p.add_argument("--chunk", type=int, metavar="P", help="problems per rollout call (default: all at once)")
+    p.add_argument("--scenario", metavar="FILE", help="with a HF model folder TARGET: the scenario to evaluate it in")
+    p.add_argument("--out", metavar="FILE", help="JSON report (default: RUN/eval.json, or ./eval-<name>.json)")
+    return p
+
+
+def _fail(message: object) -> int:
+    return fail("rtpo", message)  # the one-line errors of `rtpo eval` read `rtpo: error: ...`
+
+
+def main(argv: list[str]) -> int:
+    """`rtpo eval ARGV`: print the table and write the JSON report; 2 (one line on stderr) on bad input,
+    with nothing written."""
+    parser = _parser()
+    # overrides may follow options (TARGET --samples 4 backend.engine=hf): argparse hands back the
+    # positionals it meets after an option as unknown, so they are collected here
+    ns, extra = parser.parse_known_args(argv)
+    bad = [a for a in extra if a.startswith("-") or "=" not in a]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    ns.overrides = [*ns.overrides, *extra]
+    return command(ns)
+
+
+def command(ns: argparse.Namespace) -> int:
+    """The command on parsed arguments: validate, resolve the target, evaluate, print, write."""
+    from rtpo.config import ConfigError
+
+    target, overrides = ns.target, ns.overrides
+    if "=" in target and not Path(target).exists():
+        return _fail(f"eval needs a TARGET (scenario file, run folder or checkpoint) before overrides, got {target!r}")
+    try:
+        ks = parse_ks(ns.k)
+        if ns.samples is not None and ns.samples < 1:
+            return _fail(f"--samples: must be >= 1, got {ns.samples}")
+        if ns.samples is not None and ks[-1] > ns.samples:
+            return _fail(f"--k: k={ks[-1]} > --samples {ns.samples} (pass@k needs at least k samples per problem)")
+        queries = ns.queries
+        if queries is not None and queries != "all":
+            if not queries.isdigit() or int(queries) < 1:
+                return _fail(f"--queries: must be a positive integer or 'all', got {queries!r}")
+            queries = int(queries)
+        if ns.chunk is not None and ns.chunk < 1:
+            return _fail(f"--chunk: must be >= 1, got {ns.chunk}")
+        tgt = resolve_target(target, overrides, ns.scenario, ns.iter)
+        out = Path(ns.out) if ns.out else default_out(tgt, ns.split)
+        report = evaluate_target(tgt, ks, ns.samples, queries, ns.split, ns.seed, ns.threshold, ns.chunk)
+    except (ConfigError, ValueError) as e:
+        return _fail(str(e))
+    print(format_table(report))
+    try:
+        write_json(out, report)
+    except OSError as e:
+        return _fail(f"--out {out}: cannot write the report ({e})")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -63,6 +63,7 @@ class _Progress:
     metric_lines: int = 0  # lines of metrics.jsonl that belong to completed phases
     elapsed_s: float = 0.0  # wall time spent in earlier processes of this run
     it_state: Any = None  # the method's IterationState, None between iterations
+    method_state: Any = None  # what the method carries across iterations (Method.state_dict)
     phases_in_iter: int = 0  # phases the current iteration started with (progress bar only)
     stopped_by: str | None = None
 
@@ -353,6 +354,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
     ctx = built.ctx
     if state is not None:
         prog = _restore(state, built)
+        method.load_state_dict(prog.method_state)
         checkpoint.discard_uncommitted(run_dir)
         truncate_metrics(run_dir, prog.metric_lines)
     else:
@@ -436,6 +438,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                 if last or interrupt.requested or prog.global_phase % cfg.logging.checkpoint_every == 0:
                     saved_elapsed = prog.elapsed_s
                     prog.elapsed_s = saved_elapsed + time.perf_counter() - start
+                    prog.method_state = method.state_dict()
                     _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
                 done = prog.iteration + (
@@ -451,6 +454,7 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
         for t in trackers:
             t.close()
     prog.elapsed_s += time.perf_counter() - start
+    prog.method_state = method.state_dict()
     _save_checkpoint(run_dir, cfg, built, prog)
     metrics = read_metrics(run_dir)
     summary = _finish(run_dir, cfg, built, metrics, prog)

@@ -78,3 +78,43 @@ def test_solve_every_shipped_scenario(name, capsys):
     assert cli.main(["solve", str(ROOT / "scenarios" / "tabular" / f"{name}.yaml")]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"scenario {name}:") and "V* = " in out and "k=0:" in out
+
+
+def test_every_command_uses_the_shared_one_line_parser():
+    """rtpo.cliutil is the one place the one-line-error parser is defined; a command that subclasses
+    argparse itself again would drift from the `PROG: error: ...`, exit 2 contract."""
+    import ast
+
+    own = []
+    for path in (ROOT / "rtpo").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("ArgumentParser") for b in node.bases):
+                own.append(f"{path.relative_to(ROOT)}:{node.name}")
+    assert own == ["rtpo/cliutil.py:OneLineParser"]
+
+
+@pytest.mark.parametrize(
+    "argv, prefix",
+    [
+        (["compare", "--seeds", "0"], "rtpo compare: error: --seeds must be >= 1"),
+        (["compare", "--bogus"], "rtpo compare: error: unrecognized arguments: --bogus"),
+        (["eval", "no/such/target"], "rtpo: error: no/such/target: no such scenario file"),
+        (["verify", "--jobs", "0"], "rtpo verify: error: --jobs must be >= 1"),
+        (["solve"], "rtpo solve: error: the following arguments are required"),
+    ],
+)
+def test_dispatched_commands_fail_in_one_line(argv, prefix, capsys):
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:  # argparse errors of the top-level parser exit through cliutil.fail
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(prefix), err
+
+
+@pytest.mark.parametrize("module", ["rtpo.compare", "rtpo.eval"])
+def test_python_dash_m_runs_the_subcommand(module):
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    bad = subprocess.run([sys.executable, "-m", module, "--bogus"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and ": error: " in bad.stderr, bad.stderr

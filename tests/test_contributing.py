@@ -16,10 +16,9 @@ def test_contributing_example_runs(tmp_path):
     from rtpo.core.estimators import ESTIMATORS
 
     namespace = {"OUT": tmp_path}
-    try:
+    with ESTIMATORS.temporary():
         for block in blocks:
             exec(compile(block, "CONTRIBUTING.md", "exec"), namespace)
         adv = ESTIMATORS.get("sibling_median")([[1.0, 0.0, 0.0]])
         assert adv.tolist() == [[1.0, 0.0, 0.0]]
-    finally:
-        ESTIMATORS._items.pop("sibling_median", None)
+    assert "sibling_median" not in ESTIMATORS

@@ -35,7 +35,7 @@ def test_example_record_loads(tmp_path, layout, answer, body):
 
 def test_yaml_example_is_a_valid_task_section(tmp_path):
     pytest.importorskip("transformers")
-    from rtpo.llm.build import parse_task
+    from rtpo.llm.schema import parse_task
 
     text = re.search(r"```yaml\n(.*?)```", DOC.read_text(), re.S).group(1)
     task = parse_task(yaml.safe_load(text)["task"])

@@ -22,6 +22,7 @@ CONFIGS = {
     "rtpo_sync_kl": {"G": 3, "kl_threshold": 1e-3},
     "rtpo_multitrunk": {"G": 3, "candidates": 3},
     "refuel": {"eta": 1.0, "pairs_per_query": 4},
+    "rtpo_adaptive": {"G": 3},
 }
 
 

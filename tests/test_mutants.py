@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from rtpo.verify import cli, mutants
+from rtpo.verify.profiles import load_profile
 
-mutants.ensure_profile()
+load_profile()
 torch.set_num_threads(1)
 
 
@@ -22,14 +23,15 @@ def test_registry_has_at_least_ten_mutants_with_killers():
     for name in mutants.names():
         m = mutants.get(name)
         assert m.killers and m.modules and m.description
-        for node in m.killers:
+        for fn, node in zip(m.killers, mutants.killer_nodes(name)):
+            assert "::" not in fn and "/" not in fn, fn  # named by the claim test's name, not its node id
             path = cli.REPO_ROOT / node.split("::")[0]
-            assert path.exists(), node
-            assert f"def {node.split('::')[1]}(" in path.read_text(), node
+            assert path.exists() and path.name in m.modules, node  # the --mutants run executes its module
+            assert f"def {fn}(" in path.read_text(), node
 
 
 def test_killer_tests_pass_without_mutants():
-    for node in sorted({t for n in mutants.names() for t in mutants.get(n).killers}):
+    for node in sorted({t for n in mutants.names() for t in mutants.killer_nodes(n)}):
         path, name = node.split("::")
         getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)()
 
@@ -47,3 +49,22 @@ def test_verify_cli_rejects_bad_arguments_in_one_line(capsys):
     lines = [ln for ln in (out.out + out.err).splitlines() if ln.strip()]
     assert len(lines) == 3 and all(ln.startswith("rtpo verify: ") for ln in lines), lines
     assert any("no_such_mutant" in ln and "cross_state_baseline" in ln for ln in lines)
+
+
+def test_estimator_mutants_go_through_the_registry_override_and_undo():
+    from rtpo.core.estimators import ESTIMATORS, sibling_advantage
+
+    undo = mutants.activate("cross_state_baseline")
+    try:
+        assert ESTIMATORS.get("sibling_mean") is not sibling_advantage
+        from rtpo.core import estimators
+
+        assert estimators.sibling_advantage is sibling_advantage  # the module's own name is untouched
+    finally:
+        undo()
+    assert ESTIMATORS.get("sibling_mean") is sibling_advantage
+
+
+def test_an_unknown_killer_name_is_a_clear_error():
+    with pytest.raises(KeyError, match="test_T9_no_such_claim.*no claim module"):
+        mutants.find_claim_test("test_T9_no_such_claim")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -37,6 +38,31 @@ class Registry(Generic[T]):
             return factory(**params)
         except TypeError as e:
             raise ValueError(f"{self.kind} {name!r}: {e}") from None
+
+    @contextmanager
+    def override(self, name: str, obj: T) -> Iterator[T]:
+        """Within the block, `get(name)` returns `obj` instead of the registered entry; the entry is back
+        afterwards, also when the block raises.  The name must be registered already (an unknown name is
+        the KeyError of get, listing the valid ones): an override replaces, it never adds.  Consumers that
+        look entries up by name at call time (every method, the claim tests) see the override; a module
+        that bound the function itself at import time does not."""
+        old = self.get(name)
+        self._items[name] = obj
+        try:
+            yield obj
+        finally:
+            self._items[name] = old
+
+    @contextmanager
+    def temporary(self) -> Iterator[Registry[T]]:
+        """Whatever is registered, overridden or replaced within the block is undone afterwards: the
+        registry holds exactly its entries from before (a test that registers an example entry)."""
+        saved = dict(self._items)
+        try:
+            yield self
+        finally:
+            self._items.clear()
+            self._items.update(saved)
 
     def names(self) -> list[str]:
         return sorted(self._items)

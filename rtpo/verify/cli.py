@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from rtpo.cliutil import OneLineParser, fail
+
 VERIFY_DIR = Path(__file__).resolve().parent
 REPO_ROOT = VERIFY_DIR.parents[1]
 CLAIMS = ("T1a", "T1b", "T1c", "T2a", "T2b", "T2c", "T2d", "T3a", "T3b", "IS1", "IS2", "MM1", "CS1")
@@ -91,7 +93,7 @@ def _targets_for(mutant_name: str, fast: bool) -> tuple[list[str], list[str]]:
 
     m = mutants.get(mutant_name)
     if fast:
-        return [str(REPO_ROOT / k) for k in m.killers], ["-x"]
+        return [str(REPO_ROOT / k) for k in mutants.killer_nodes(mutant_name)], ["-x"]
     return [str(VERIFY_DIR / f) for f in m.modules], []
 
 
@@ -167,9 +169,7 @@ def _report_main(args: argparse.Namespace) -> int:
     return 0 if all(r[1].startswith("PASS") for r in rows) else 1
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, non-zero exit (the project's CLI convention)
-        self.exit(2, f"rtpo verify: {message}\n")
+PROG = "rtpo verify"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, passthrough = argv[:i], argv[i + 1 :]
-    p = _OneLineParser(prog="rtpo verify", description="Check the paper's claims (SPEC §4).")
+    p = OneLineParser(prog=PROG, description="Check the paper's claims (SPEC §4).")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--mutants", action="store_true", help="run the suite against every mutant; exit 1 if one survives"
@@ -192,14 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     if args.jobs < 1:
-        print("rtpo verify: --jobs must be >= 1")
-        return 2
+        return fail(PROG, "--jobs must be >= 1")
     if args.mutants:
         try:
             return _mutants_main(args)
         except KeyError as err:
-            print(f"rtpo verify: {err.args[0]}")
-            return 2
+            return fail(PROG, err.args[0])
     if args.report:
         return _report_main(args)
     # honour RTPO_MUTANT for a plain run too (run_pytest clears it unless asked)

@@ -1,7 +1,5 @@
-"""Suite-wide setup: the Hypothesis profile (unless the root conftest registered it) and the active mutant.
-
-Profiles: `ci` (derandomized, no example database, no deadline — deterministic on any machine) and
-`dev` (random, more examples); HYPOTHESIS_PROFILE selects one, default `ci`.  RTPO_MUTANT=<name>
+"""Suite-wide setup: the Hypothesis profile (rtpo.verify.profiles, the one definition the root conftest
+shares; HYPOTHESIS_PROFILE selects ci, the default, or dev) and the active mutant.  RTPO_MUTANT=<name>
 applies a deliberately broken variant from rtpo/verify/mutants.py before any test module is imported,
 so `RTPO_MUTANT=no_sync pytest rtpo/verify` runs the suite against it.
 """
@@ -13,9 +11,9 @@ import os
 import pytest
 import torch
 
-from rtpo.verify.mutants import ensure_profile
+from rtpo.verify.profiles import load_profile
 
-ensure_profile()
+load_profile()
 # The claim tests run tiny tensors; one intra-op thread avoids thread hand-off costs that dominate them
 # (and oversubscription on a shared 2-core machine).  Results do not depend on the thread count.
 torch.set_num_threads(1)

@@ -6,16 +6,26 @@ pytest rtpo/verify` runs the whole suite against one (rtpo/verify/conftest.py ac
 `rtpo verify --mutants` runs every mutant and reports which tests killed it.
 
 `killers` names the claim tests expected to kill a mutant (the fast subset tests/test_mutants.py
-runs); `modules` names the claim modules the --mutants run executes for it.
+runs) by their function names, which carry the claim and the equation (`test_T2a_..._eq56`); where
+they live is looked up (killer_nodes), so moving a test between claim modules changes nothing here.
+`modules` names the claim modules the --mutants run executes for it.
+
+A mutant patches through the owner's own override points: a registered estimator through
+`ESTIMATORS.override` (every consumer looks estimators up by name at call time), a method's hook
+by setting it on the method class, and a plain core function, which its consumers imported by name,
+by rebinding that name in every rtpo module (_replace_everywhere).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -80,17 +90,12 @@ def _set_attr(obj: Any, attr: str, new: Any) -> Undo:
 
 
 def _swap_estimator(name: str, new: Callable[[np.ndarray], np.ndarray]) -> Undo:
+    """The registered estimator `name` is `new` until the returned undo runs (Registry.override)."""
     from rtpo.core import estimators
 
-    orig = estimators.ESTIMATORS._items[name]
-    estimators.ESTIMATORS._items[name] = new
-    undo_names = _replace_everywhere(orig, new)
-
-    def restore() -> None:
-        estimators.ESTIMATORS._items[name] = orig
-        undo_names()
-
-    return restore
+    stack = ExitStack()
+    stack.enter_context(estimators.ESTIMATORS.override(name, new))
+    return stack.close
 
 
 def _chain(*undos: Undo) -> Undo:
@@ -102,8 +107,8 @@ def _chain(*undos: Undo) -> Undo:
 
 
 _ESTIMATOR_TESTS = (
-    "rtpo/verify/test_t2_sibling_baseline.py::test_T2a_sibling_coefficient_eq56",
-    "rtpo/verify/test_cross_state.py::test_CS1_rtpo_groups_only_siblings_of_one_boundary_eq7",
+    "test_T2a_sibling_coefficient_eq56",
+    "test_CS1_rtpo_groups_only_siblings_of_one_boundary_eq7",
 )
 _EST_MODULES = ("test_t2_sibling_baseline.py", "test_cross_state.py", "test_t1_recursive_optimality.py")
 
@@ -131,7 +136,7 @@ _TRUNK_TAIL: dict[str, Any] = {"returns": None}
 @_mutant(
     "trunk_in_baseline",
     "the trunk's own return from boundary k joins the sibling baseline",
-    ("rtpo/verify/test_cross_state.py::test_CS1_rtpo_groups_only_siblings_of_one_boundary_eq7",),
+    ("test_CS1_rtpo_groups_only_siblings_of_one_boundary_eq7",),
     _EST_MODULES,
 )
 def _trunk_in_baseline() -> Undo:
@@ -170,8 +175,8 @@ def _trunk_in_baseline() -> Undo:
     "own_return_left_out",
     "baseline = Σ_{r≠j} R_r / (G−1): own return dropped from the sum, not the count",
     (
-        "rtpo/verify/test_t2_sibling_baseline.py::test_T2a_sibling_coefficient_eq56",
-        "rtpo/verify/test_t2_sibling_baseline.py::test_T2d_two_siblings_zero_advantage_eq107",
+        "test_T2a_sibling_coefficient_eq56",
+        "test_T2d_two_siblings_zero_advantage_eq107",
     ),
     _EST_MODULES,
 )
@@ -186,7 +191,7 @@ def _own_left_out() -> Undo:
 @_mutant(
     "loo_as_sibling",
     "the leave-one-out estimator registered as RTPO's sibling_mean",
-    ("rtpo/verify/test_t2_sibling_baseline.py::test_T2a_sibling_coefficient_eq56",),
+    ("test_T2a_sibling_coefficient_eq56",),
     _EST_MODULES,
 )
 def _loo_as_sibling() -> Undo:
@@ -224,7 +229,7 @@ def _previous_phase() -> Undo:
 
 # -- loss-mask mutants ----------------------------------------------------------------------------------
 
-_T2C = ("rtpo/verify/test_t2c_gradient_support.py::test_T2c_llm_gradient_only_on_turn_k_tokens_eq80",)
+_T2C = ("test_T2c_llm_gradient_only_on_turn_k_tokens_eq80",)
 
 
 @_mutant(
@@ -278,13 +283,13 @@ def _loss_on_continuation() -> Undo:
 
 # -- schedule mutants -------------------------------------------------------------------------------
 
-_T3A = ("rtpo/verify/test_t3_on_policy.py::test_T3a_siblings_on_policy_weight_one_eq85",)
+_T3A = ("test_T3a_siblings_on_policy_weight_one_eq85",)
 
 
 @_mutant(
     "no_sync",
     "no weight sync between phases (θ_old stays the trunk's θ0)",
-    _T3A + ("rtpo/verify/test_mismatch.py::test_MM1_rtpo_ratio_exactly_one_eq5",),
+    _T3A + ("test_MM1_rtpo_ratio_exactly_one_eq5",),
     ("test_t3_on_policy.py", "test_mismatch.py", "test_t1_recursive_optimality.py"),
 )
 def _no_sync() -> Undo:
@@ -296,7 +301,7 @@ def _no_sync() -> Undo:
 @_mutant(
     "forward_order",
     "phases run k = 0..K−1 (forward) instead of K−1..0",
-    ("rtpo/verify/test_t1_recursive_optimality.py::test_T1b_one_reverse_sweep_is_backward_induction_eq25",),
+    ("test_T1b_one_reverse_sweep_is_backward_induction_eq25",),
     ("test_t1_recursive_optimality.py",),
 )
 def _forward_order() -> Undo:
@@ -359,7 +364,7 @@ def _stale_continuations() -> Undo:
 @_mutant(
     "per_token_clip_weight",
     "the trajectory IS weight is the product of per-token clipped ratios",
-    ("rtpo/verify/test_is_weights.py::test_IS2_core_weight_clips_the_product_eq105",),
+    ("test_IS2_core_weight_clips_the_product_eq105",),
     ("test_is_weights.py",),
 )
 def _per_token_clip() -> Undo:
@@ -377,7 +382,7 @@ def _per_token_clip() -> Undo:
 @_mutant(
     "ratio_not_clipped",
     "the loss's clipped ratio is not clipped (trust region removed)",
-    ("rtpo/verify/test_is_weights.py::test_IS2_core_loss_clips_each_token_eq15",),
+    ("test_IS2_core_loss_clips_each_token_eq15",),
     ("test_is_weights.py",),
 )
 def _ratio_not_clipped() -> Undo:
@@ -392,9 +397,7 @@ def _ratio_not_clipped() -> Undo:
     return _replace_everywhere(orig, clipped_policy_loss)
 
 
-_DECOMPOSITION = (
-    "rtpo/verify/test_t2b_variance_decomposition.py::test_T2b_variance_decomposition_by_enumeration_eq58",
-)
+_DECOMPOSITION = ("test_T2b_variance_decomposition_by_enumeration_eq58",)
 
 
 @_mutant(
@@ -437,30 +440,6 @@ def _history_discount_dropped() -> Undo:
     return _replace_everywhere(orig, decompose)
 
 
-def ensure_profile() -> None:
-    """Register the Hypothesis profiles `ci` (derandomized, no database, no deadline) and `dev` and load
-    HYPOTHESIS_PROFILE (default ci) — unless the root conftest already did.  Hypothesis ships a built-in
-    "ci" profile, so the root conftest's registration is recognised by its companion "dev" profile."""
-    import os
-
-    from hypothesis import HealthCheck, settings
-    from hypothesis.errors import InvalidArgument
-
-    try:
-        settings.get_profile("dev")
-    except InvalidArgument:
-        settings.register_profile(
-            "ci",
-            derandomize=True,
-            database=None,
-            deadline=None,
-            print_blob=True,
-            suppress_health_check=[HealthCheck.too_slow],
-        )
-        settings.register_profile("dev", max_examples=100, deadline=None)
-        settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
 def _no_shrink(fn: Any) -> None:
     """A kill needs one failing example, not a minimal one: drop Hypothesis's shrink phase for this call."""
     from hypothesis import Phase, settings
@@ -470,6 +449,26 @@ def _no_shrink(fn: Any) -> None:
         fn._hypothesis_internal_use_settings = settings(current, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 
+VERIFY_DIR = Path(__file__).resolve().parent
+
+
+def find_claim_test(function: str) -> str:
+    """The node id (rtpo/verify/<module>.py::<function>) of the claim test named `function`, found by
+    reading the claim modules' source (nothing is imported); a name defined in no module, or in two,
+    is a KeyError naming it."""
+    pattern = re.compile(rf"^def {re.escape(function)}\(", re.M)
+    where = [p for p in sorted(VERIFY_DIR.glob("test_*.py")) if pattern.search(p.read_text())]
+    if len(where) != 1:
+        found = ", ".join(p.name for p in where) or "no claim module"
+        raise KeyError(f"claim test {function!r}: defined in {found} (expected exactly one)")
+    return f"{where[0].relative_to(VERIFY_DIR.parents[1]).as_posix()}::{function}"
+
+
+def killer_nodes(name: str) -> list[str]:
+    """The node ids of mutant `name`'s killer tests."""
+    return [find_claim_test(fn) for fn in get(name).killers]
+
+
 def killed_by(name: str) -> list[str]:
     """Apply mutant `name` in this process, call each of its killer tests directly, undo the mutant, and
     return the killers that failed (raised).  The fast check of tests/test_mutants.py; `rtpo verify
@@ -477,7 +476,7 @@ def killed_by(name: str) -> list[str]:
     import importlib
 
     modules = {}
-    for node in get(name).killers:  # import before patching; _replace_everywhere rebinds their names
+    for node in killer_nodes(name):  # import before patching; _replace_everywhere rebinds their names
         path, _ = node.split("::")
         modules[node] = importlib.import_module(path.removesuffix(".py").replace("/", "."))
     failed = []

@@ -19,7 +19,7 @@ QWEN = ROOT / "scenarios" / "llm" / "qwen3-1.7b-airline.yaml"
 
 
 def test_tiny_scenario_reads_the_papers_split():
-    from rtpo.llm.build import load_task
+    from rtpo.llm.schema import load_task
 
     cfg = load_scenario(TINY)
     assert cfg.task.kind == "airline" and cfg.task.user == "scripted"
@@ -37,7 +37,7 @@ def test_qwen3_scenario_has_appendix_g_settings():
 
 @pytest.mark.parametrize("missing", AIRLINE_FILES)
 def test_a_data_folder_missing_a_file_is_one_line_naming_it(tmp_path, missing):
-    from rtpo.llm.build import load_task
+    from rtpo.llm.schema import load_task
 
     for name in AIRLINE_FILES:
         if name != missing:
@@ -55,7 +55,7 @@ def test_bad_task_fields_are_config_errors():
     with pytest.raises(ConfigError, match="task"):
         load_scenario(TINY, ["task.num_turns=0"])
     with pytest.raises(ConfigError, match="split"):
-        from rtpo.llm.build import load_task
+        from rtpo.llm.schema import load_task
 
         load_task(load_scenario(TINY, ["task.split=validation"]).task, "train")
 

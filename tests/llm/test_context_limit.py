@@ -31,9 +31,10 @@ def _cfg(tmp_path, *extra):
 
 
 def _prompt_lengths(tmp_path):
-    from rtpo.llm.build import load_task, tiny_random_model
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.env import LLMEnv
+    from rtpo.llm.model_cache import tiny_random_model
+    from rtpo.llm.schema import load_task
 
     cfg = _cfg(tmp_path)
     tok = load_qwen3_tokenizer(str(tiny_random_model(cfg.backend.model_cache, cfg.seed, "bpe512")))
@@ -61,7 +62,7 @@ def test_overlong_prompts_are_named_or_dropped(tmp_path):
 
 
 def test_the_limit_leaves_room_for_a_response(tmp_path):
-    from rtpo.llm.build import context_limit
+    from rtpo.llm.schema import context_limit
 
     cfg = _cfg(tmp_path, "backend.max_model_len=256")
     assert context_limit(cfg.task, cfg.backend) == 255

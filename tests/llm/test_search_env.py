@@ -113,8 +113,8 @@ def test_engine_summaries_are_written_once_by_the_real_engine(world, tmp_path):
     that summary in place of the older turn, and forking or re-reading the context never calls the
     engine again."""
     pytest.importorskip("transformers")
-    from rtpo.llm.build import tiny_random_model
     from rtpo.llm.engines import HFEngine, SamplingConfig
+    from rtpo.llm.model_cache import tiny_random_model
 
     task, retriever, tok = world
     engine = CountingEngine(

@@ -116,7 +116,7 @@ def test_the_old_unicode_error_is_gone(tmp_path):
 
 def test_scenario_task_fields(tmp_path):
     pytest.importorskip("transformers")
-    from rtpo.llm.build import load_task, parse_task
+    from rtpo.llm.schema import load_task, parse_task
 
     p = tmp_path / "mine.jsonl"
     p.write_text(

@@ -130,6 +130,17 @@ class Method(ABC):
         ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
         return res
 
+    def state_dict(self) -> Any:
+        """What the method carries from one iteration to the next (picklable), checkpointed by the runner
+        with everything else; None: nothing (every method but the adaptive ones: an iteration's data
+        lives in its IterationState)."""
+        return None
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore what `state_dict` returned (None: a fresh method)."""
+        if state is not None:
+            raise ValueError(f"{type(self).__name__} keeps no state across iterations, but the checkpoint has some")
+
     def rollouts_per_query(self, num_turns: int) -> float | None:
         """Rollouts this method plans per query and iteration, where known in advance (equal-budget runs)."""
         return None

@@ -5,14 +5,14 @@ Algorithm 1 (§3, E.1): trunk rollout, then reverse-order per-turn phases with o
 k = K−1 down to 0: synchronise the sampler to the current θ (θ_{>k}); fork G−1 siblings from every trunk
 boundary at turn k and continue each to the end under π_{θ>k}; advantage A^H_{j,k} = R_j − V̂_k with V̂_k
 the siblings' mean return (Eq. 7, 52); PPO on the siblings' turn-k tokens only (Eq. 6, 80).  The trunk
-gets no gradient and is in no baseline.  rtpo, rtpo_offpolicy, rtpo_sync_interval, rtpo_sync_kl and
-rtpo_multitrunk import these from here, never from each other.
+gets no gradient and is in no baseline.  rtpo, rtpo_offpolicy, rtpo_sync_interval, rtpo_sync_kl,
+rtpo_multitrunk and rtpo_adaptive import these from here, never from each other.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -104,6 +104,25 @@ def reweighted_returns(
     return estimators.off_policy_turn_value(r_k, disc, f, omega), omega
 
 
+def boundary_inputs(tree: ReverseTree, k: int) -> tuple[np.ndarray, Any, Ragged]:
+    """(query id, snapshot, recorded context c_k) of every trunk boundary at turn k, columnar or not."""
+    bounds, trunks = tree.boundaries[k], tree.trunks
+    if isinstance(bounds, BoundaryRows) and isinstance(trunks, Rollouts):
+        return trunks.query_id[bounds.trunk], bounds.snapshots, bounds.contexts
+    trunk_q = np.array([trunks[b.trunk].query_id for b in bounds], dtype=np.int64)
+    return trunk_q, [b.snapshot for b in bounds], Ragged.from_rows([b.context for b in bounds], dtype=np.int64)
+
+
+def check_sibling_contexts(sibs, recorded: Ragged, boundary_of: np.ndarray, k: int) -> None:
+    """Sibling i must see exactly the recorded c_k of boundary boundary_of[i] (snapshot/restore is exact)."""
+    if isinstance(sibs, Rollouts):
+        seen = sibs.contexts.take(sibs.row_start)
+    else:
+        seen = Ragged.from_rows([s.contexts[0] for s in sibs], dtype=np.int64)
+    if not seen.equals(recorded.take(boundary_of)):
+        raise RuntimeError(f"sibling context differs from the recorded c_{k}: snapshot/restore is not exact")
+
+
 class ReverseTurn(Method):
     """RTPO's iteration (Algorithm 1), unregistered: the registered RTPO and its variants subclass it and
     override the schedule hooks (`should_sync`, `sibling_returns`) or `begin`/`run_phase`."""
@@ -158,24 +177,18 @@ class ReverseTurn(Method):
         metrics["phase/boundaries"] = float(len(bounds))
         if not bounds:
             return metrics
-        n = self.cfg.G - 1
-        trunks = data.tree.trunks
-        if isinstance(bounds, BoundaryRows) and isinstance(trunks, Rollouts):
-            trunk_q, snaps, recorded = trunks.query_id[bounds.trunk], bounds.snapshots, bounds.contexts
-        else:
-            trunk_q = np.array([trunks[b.trunk].query_id for b in bounds], dtype=np.int64)
-            snaps = [b.snapshot for b in bounds]
-            recorded = Ragged.from_rows([b.context for b in bounds], dtype=np.int64)
+        return self.fork_and_train(ctx, state, k, metrics)
+
+    def fork_and_train(self, ctx: RunContext, state: IterationState, k: int, metrics: dict) -> dict[str, float]:
+        """Algorithm 1 steps 2.2–2.4 at the (non-empty) turn-k boundaries: G−1 siblings from each, the
+        sibling advantage, PPO on turn k.  Variants that allocate siblings differently override this."""
+        tree = state.data.tree
+        n, m = self.cfg.G - 1, len(tree.boundaries[k])
+        trunk_q, snaps, recorded = boundary_inputs(tree, k)
         res = self.rollout(ctx, trunk_q, snaps, n=n)
         sibs = res.trajectories
-        if isinstance(sibs, Rollouts):
-            seen = sibs.contexts.take(sibs.row_start)
-        else:
-            seen = Ragged.from_rows([s.contexts[0] for s in sibs], dtype=np.int64)
-        if not seen.equals(recorded.take(np.repeat(np.arange(len(bounds)), n))):
-            # the sibling must see exactly the trunk's recorded c_k
-            raise RuntimeError(f"sibling context differs from the recorded c_{k}: snapshot/restore is not exact")
-        returns = np.asarray(self.sibling_returns(ctx, state, k, sibs), np.float64).reshape(len(bounds), n)
+        check_sibling_contexts(sibs, recorded, np.repeat(np.arange(m), n), k)
+        returns = np.asarray(self.sibling_returns(ctx, state, k, sibs), np.float64).reshape(m, n)
         return self.train_on_siblings(ctx, sibs, returns, metrics)
 
     def train_on_siblings(self, ctx: RunContext, sibs: list, returns: np.ndarray, metrics: dict) -> dict[str, float]:
@@ -185,13 +198,19 @@ class ReverseTurn(Method):
         adv = estimators.get(self.cfg.estimator)(returns)
         zero = estimators.zero_advantage_mask(returns)
         metrics.update(self.advantage_metrics(returns, adv, zero))
-        rows = np.arange(len(sibs))
-        if self.cfg.drop_zero_groups:
-            rows = rows[~np.repeat(zero, n)]
+        keep = ~np.repeat(zero, n) if self.cfg.drop_zero_groups else np.ones(len(sibs), dtype=bool)
+        return self.update_turn(ctx, sibs, adv.reshape(-1), keep, metrics)
+
+    def update_turn(
+        self, ctx: RunContext, sibs: list, adv: np.ndarray, keep: np.ndarray, metrics: dict
+    ) -> dict[str, float]:
+        """Algorithm 1 step 2.4: PPO on the turn-k tokens (Eq. 6, 80) of the siblings with keep[i], sibling
+        i carrying the advantage adv[i] (both (len(sibs),))."""
+        rows = np.flatnonzero(keep)
         if rows.size == 0:
             return metrics
         chosen = sibs.select(rows) if isinstance(sibs, Rollouts) else [sibs[i] for i in rows]
-        batch = turn_rows(chosen, np.zeros(rows.size, np.int64), adv.reshape(-1)[rows])
+        batch = turn_rows(chosen, np.zeros(rows.size, np.int64), np.asarray(adv)[rows])
         metrics.update(rollout_train_ratio(ctx.learner, batch))
         metrics.update(
             ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng)
@@ -203,6 +222,7 @@ class ReverseTurn(Method):
         return {
             "return/mean": float(returns.mean()),
             "adv/zero_rate": float(zero.mean()),
+            "adv/zero_rollout_share": float(zero.mean()),  # equal groups: the share of siblings in tied groups
             "adv/abs_mean": float(np.abs(adv).mean()),
             "adv/value_std_across_boundaries": float(returns.mean(axis=1).std()),
         }

@@ -1,6 +1,6 @@
 """The `task` section of an airline scenario (`task.kind: airline`) and the environments it builds.
 
-rtpo.llm.build dispatches here for kind airline; the backend section, engines, learner and evaluation
+rtpo.llm.schema (parse_task, load_task) and rtpo.llm.build dispatch here for kind airline; the backend section, engines, learner and evaluation
 are the LLM backend's own.  Splits are split_tasks.json's (train 30 / test 20: the paper's Appendix G).
 """
 

@@ -1,0 +1,80 @@
+"""Running a comparison's jobs (rtpo.compare): one run per job, in worker processes when several are
+queued; a failed run comes back as a one-line error, never as an exception."""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_all_start_methods, get_context
+from pathlib import Path
+
+from rtpo.compare.jobs import Job
+
+CURVE_KEYS = (
+    "budget/rollouts",
+    "budget/tokens",
+    "eval/value",
+    "eval/v_star",
+    "eval/v_star_psi",
+    "eval/v_uniform",
+    "eval/first_action_wrong",
+    "consistency/rollout_train_ratio",
+    "adv/zero_rate",
+)
+
+
+@dataclass
+class Outcome:
+    """What one job gave: its summary and metric curve, or the one-line error of its failure."""
+
+    job: Job
+    summary: dict | None = None
+    curve: list = field(default_factory=list)
+    error: str | None = None
+
+
+def _init_worker() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def run_job(job: Job) -> Outcome:
+    """Run one job (in a worker process); a failure is returned as a one-line error, never raised."""
+    try:
+        import rtpo.tabular.history_build  # noqa: F401
+    except ImportError:
+        pass
+    from rtpo.config import parse_scenario
+    from rtpo.run import run_scenario
+
+    try:
+        cfg = parse_scenario(job.data)
+        res = run_scenario(cfg, out_root=Path(job.out_root), progress=False)
+    except Exception as e:  # one bad run must not lose the others
+        return Outcome(job, error=f"{type(e).__name__}: {' '.join(str(e).split())}")
+    curve = [{k: m[k] for k in m if k in CURVE_KEYS or k.startswith("samples/turn_")} for m in res.metrics]
+    summary = {k: v for k, v in res.summary.items() if not isinstance(v, (list, dict))}
+    return Outcome(job, summary=summary, curve=curve)
+
+
+def run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    if workers <= 1 or len(jobs) <= 1:
+        _init_worker()
+        for job in jobs:
+            outcomes.append(run_job(job))
+            on_done(outcomes)
+        return outcomes
+    _init_worker()  # the parent never starts torch's thread pool, so forking it is safe
+    # fork: a worker starts with rtpo and torch already imported (a spawned one re-imports them, seconds
+    # each on a loaded machine); spawn where fork does not exist
+    method = "fork" if "fork" in get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(jobs)), mp_context=get_context(method), initializer=_init_worker
+    ) as pool:
+        futures = [pool.submit(run_job, j) for j in jobs]
+        for fut in as_completed(futures):
+            outcomes.append(fut.result())
+            on_done(outcomes)
+    return outcomes

@@ -1,0 +1,47 @@
+"""The sampler an llm run hands the core: the engine (vLLM or HF) plus the weights it last loaded (for
+checkpoints) and the time spent loading weights; and eval_engine, the engine borrowed for an evaluation
+at the learner's weights and the evaluation sampling settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+
+class TrackedSampler:
+    """The engine, plus what the run needs around it: the weights it last loaded (checkpoints) and the
+    time spent loading weights (the sync share of a phase)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.current: Any = None
+        self.sync_seconds = 0.0
+        self.syncs = 0
+
+    def generate(self, contexts, turn, n, rng):
+        return self.engine.generate(contexts, turn, n, rng)
+
+    def load_weights(self, weights: Any) -> None:
+        t0 = time.perf_counter()
+        self.engine.load_weights(weights)
+        self.sync_seconds += time.perf_counter() - t0
+        self.syncs += 1
+        self.current = weights
+
+
+@contextlib.contextmanager
+def eval_engine(engine: Any, learner: Any, sampler: TrackedSampler, eval_sampling: Any):
+    """The engine with the learner's current weights at the evaluation sampling settings; afterwards
+    the sampler's own weights and settings are put back (an off-policy method may keep them stale on
+    purpose)."""
+    previous = sampler.current
+    engine.load_weights(learner.weights())
+    saved, engine.sampling = engine.sampling, eval_sampling
+    try:
+        yield engine
+    finally:
+        engine.sampling = saved
+        if previous is not None:
+            engine.load_weights(previous)
