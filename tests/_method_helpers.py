@@ -10,18 +10,22 @@ from rtpo.tabular import SoftmaxTable, TabularEnv, TabularLearner, TabularSample
 from rtpo.tabular.history import FullHistoryEnv, history_policy
 
 
-def stack(mdp=None, K=3, seed=0, lr=0.1, truncate=False):
+def stack(mdp=None, K=3, seed=0, lr=0.1, truncate=False, init_scale=None, columnar=True, optimizer="adam"):
     """(mdp, policy, RunContext) on tool_chain(K) (or `mdp`); truncate=True: last-feedback ψ at rollout,
-    full-history contexts exposed, log-linear policy sharing θ between the two views."""
+    full-history contexts exposed, log-linear policy sharing θ between the two views.  One rng (seed)
+    draws θ0 and then drives the run; init_scale: the softmax table's init scale (None: its default);
+    columnar / optimizer: RunContext's and TabularLearner's."""
     mdp = tool_chain(num_turns=K, num_actions=3, seed=1) if mdp is None else mdp
     if truncate:
         mdp = mdp.with_psi(last_feedback_psi(mdp))
         env, pol = FullHistoryEnv(mdp), history_policy(mdp)
     else:
-        env, pol = TabularEnv(mdp), SoftmaxTable(mdp.num_turns, mdp.num_contexts, mdp.num_actions)
+        scale = {} if init_scale is None else {"init_scale": init_scale}
+        env, pol = TabularEnv(mdp), SoftmaxTable(mdp.num_turns, mdp.num_contexts, mdp.num_actions, **scale)
     rng = np.random.default_rng(seed)
     p0 = pol.init_params(rng)
-    return mdp, pol, RunContext(env, TabularSampler(pol, p0), TabularLearner(pol, p0, lr=lr), rng)
+    learner = TabularLearner(pol, p0, lr=lr, optimizer=optimizer)
+    return mdp, pol, RunContext(env, TabularSampler(pol, p0), learner, rng, columnar=columnar)
 
 
 def make(name: str, **cfg):

@@ -15,10 +15,10 @@ import pickle
 import numpy as np
 import pytest
 
-from rtpo.core import RunContext, methods
 from rtpo.core.types import Rollouts, discounted_return, segment_returns
-from rtpo.tabular import SoftmaxTable, TabularEnv, TabularLearner, TabularSampler, tool_chain
+from rtpo.tabular import SoftmaxTable, TabularEnv, TabularSampler, tool_chain
 from rtpo.tabular.generators import region_chain
+from tests._method_helpers import make, run, stack
 
 MDPS = {
     "tool_chain": lambda: tool_chain(num_turns=5, num_actions=3, seed=1),
@@ -27,17 +27,8 @@ MDPS = {
 
 
 def _run(mdp, name: str, columnar: bool, iterations: int = 3, **cfg):
-    pol = SoftmaxTable(mdp.num_turns, mdp.num_contexts, mdp.num_actions, init_scale=0.5)
-    rng = np.random.default_rng(7)
-    p0 = pol.init_params(rng)
-    ctx = RunContext(TabularEnv(mdp), TabularSampler(pol, p0), TabularLearner(pol, p0, lr=0.2), rng, columnar=columnar)
-    cls = methods.get(name)
-    method = cls(cls.Config(**cfg))
-    metrics = []
-    for _ in range(iterations):
-        state = method.begin(ctx, np.arange(12))
-        while state.pending:
-            metrics.append(method.phase(ctx, state))
+    _, _, ctx = stack(mdp, seed=7, lr=0.2, init_scale=0.5, columnar=columnar)
+    metrics = run(make(name, **cfg), ctx, iterations, queries=12)
     return ctx.learner.weights(), metrics, ctx.budget
 
 

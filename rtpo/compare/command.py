@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rtpo.cliutil import OneLineParser, fail, write_json
+from rtpo.cliutil import OneLineParser, add_plugin_option, fail, write_json
 from rtpo.compare.jobs import build_jobs
 from rtpo.compare.plots import write_plots
 from rtpo.compare.runner import Outcome, _init_worker, run_all
@@ -39,6 +39,7 @@ def _parser() -> OneLineParser:
     p.add_argument("--sweep", metavar="KEY=V1,V2,...", help="repeat the comparison for each value of KEY")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--out", default="runs", help="folder that receives the comparison folder (default runs)")
+    add_plugin_option(p)
     return p
 
 
@@ -68,7 +69,7 @@ def main(argv: list[str]) -> int:
     try:
         raw_stem = Path(scenario).stem if scenario else "default"
         out = Path(ns.out) / f"compare-{raw_stem}-{stamp}"
-        jobs, meta = build_jobs(scenario, specs, ns.seeds, args, sweep, out)
+        jobs, meta = build_jobs(scenario, specs, ns.seeds, args, sweep, out, plugins=ns.plugin)
     except ConfigError as e:
         return fail(PROG, str(e))
     out.mkdir(parents=True, exist_ok=True)

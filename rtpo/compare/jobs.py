@@ -86,8 +86,10 @@ def build_jobs(
     overrides: list[str],
     sweep: tuple[str, list[str]] | None,
     out_root: Path,
+    plugins: list[str] | tuple[str, ...] = (),
 ) -> tuple[list[Job], dict]:
-    """Every (sweep value, method, seed) run, each config validated before anything runs."""
+    """Every (sweep value, method, seed) run, each config validated before anything runs.  `plugins`
+    (--plugin) join the scenario's own `plugins` list, so every run's config.yaml records them."""
     from rtpo.backends import get_backend
     from rtpo.config import ConfigError, apply_override, parse_scenario
 
@@ -96,6 +98,10 @@ def build_jobs(
     except ImportError:
         pass
     raw, stem = _scenario_data(scenario)
+    if plugins:
+        from rtpo.plugins import check_names
+
+        raw["plugins"] = list(dict.fromkeys([*check_names(raw.get("plugins")), *plugins]))
     if not isinstance(raw.get("method"), dict):
         raise ConfigError("method: required section missing")
     specs = [parse_method_spec(s) for s in method_specs]
