@@ -450,6 +450,8 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                     prog.method_state = method.state_dict()
                     _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
+                    for t in trackers:  # what a resume will not run again may now go out
+                        t.commit(prog.global_phase)
                 done = prog.iteration + (
                     prog.phase_in_iter / prog.phases_in_iter
                     if prog.it_state is not None and prog.phases_in_iter
