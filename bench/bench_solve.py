@@ -4,13 +4,20 @@
 
 The MDP is stationary so that FiniteHorizon can express it without blowing it up: one random sparse
 layer (S states, A = 8 actions, 8 successors per (s, a)) repeated for K = 8 turns, the last turn ending
-every episode; "states" is K·S, the states backward induction visits (10⁴ and 10⁵).  rtpo holds the
-K turns as its usual per-turn arrays (K distinct copies), FiniteHorizon one (S, S) CSR matrix per action
-that it reuses at every stage.  Both V_0 are checked equal.
+every episode; "states" is K·S, the states backward induction visits (10⁴ and 10⁵).  FiniteHorizon holds
+one (S, S) CSR matrix per action that it reuses at every stage.  rtpo is timed on two layouts of the
+same MDP (V_0 checked equal to FiniteHorizon's for both):
 
-Timings are minimums over `repeats` interleaved rounds (A B B A ...), each round also timing a streaming
-copy of a 256 MB array (bytes read + written per second), so every ratio comes from the same minutes of
-the same machine; the JSON records the load average before and after.
+- "shared": the TurnMDP is given the one layer for every turn (`(layer,) * K`), so it keeps one copy and
+  one transition matrix, as FiniteHorizon does: the like-for-like comparison.
+- "distinct": K separate copies of the layer, as a non-stationary MDP holds them; at 10⁵ states they do
+  not fit in cache, so this is the row whose useful bytes are set against memory bandwidth.
+
+Timings are minimums over `repeats` interleaved rounds (the order reversed every other round), each
+round also timing a streaming copy of a 256 MB array (bytes read + written per second) and the K−1
+scipy CSR matvecs alone (`matvec_s`: the kernel both solvers spend their inner loop in, so
+mdptoolbox / matvec_s bounds any speed-up a solver built on it can reach), so every ratio comes from
+the same minutes of the same machine; the JSON records the load average before and after.
 
 useful bytes of one rtpo solve: per turn k < K−1 the CSR entries (8-byte probability + index) and per
 turn the (S, A) reward read, the (S, A) Q̃ written and the (S,) V written — what any backward induction
@@ -34,15 +41,19 @@ HERE = Path(__file__).resolve().parent
 K, A, B = 8, 8, 8
 
 
-def stationary_mdp(states_per_turn: int) -> TurnMDP:
+def stationary_mdp(states_per_turn: int, layout: str = "shared") -> TurnMDP:
     layer = random_mdp(0, num_turns=2, num_states=states_per_turn, num_actions=A, branching=B)
     succ0, prob0, r0, t0 = layer.succ[0], layer.prob[0], layer.reward[0], layer.tau[0]
     last = np.zeros_like(prob0)
+
+    def turns(x, n=K):
+        return (x,) * n if layout == "shared" else tuple(np.array(x) for _ in range(n))
+
     return TurnMDP(
-        succ=(succ0,) * K,
-        prob=(prob0,) * (K - 1) + (last,),
-        reward=(r0,) * K,
-        tau=(t0,) * K,
+        succ=turns(succ0),
+        prob=turns(prob0, K - 1) + (last,),
+        reward=turns(r0),
+        tau=turns(t0),
         psi=(np.arange(states_per_turn),) * K,
         init=np.full(states_per_turn, 1.0 / states_per_turn),
         num_contexts=states_per_turn,
@@ -85,38 +96,50 @@ def main() -> None:
     dst = np.empty_like(src)
     rows = []
     for total_states in (10_000, 100_000):
-        mdp = stationary_mdp(total_states // K)
-        fh = toolbox_solver(mdp)
-        sol = solve(mdp)  # builds the cached CSR
+        mdps = {layout: stationary_mdp(total_states // K, layout) for layout in ("shared", "distinct")}
+        assert len({id(m) for m in mdps["shared"].transition_csr}) == 1
+        assert len({id(m) for m in mdps["distinct"].transition_csr}) == K - 1
+        fh = toolbox_solver(mdps["shared"])
         fh.run()
-        assert np.allclose(sol.v[0], fh.V[:, 0], rtol=0, atol=1e-9), "rtpo and mdptoolbox disagree on V_0"
-        best = {"rtpo": float("inf"), "mdptoolbox": float("inf"), "copy": float("inf")}
-        jobs = {"rtpo": lambda m=mdp: solve(m), "mdptoolbox": fh.run, "copy": lambda: np.copyto(dst, src)}
+        x = np.random.default_rng(0).random(total_states // K)
+        jobs = {"mdptoolbox": fh.run, "copy": lambda: np.copyto(dst, src)}
+        for layout, mdp in mdps.items():
+            sol = solve(mdp)  # builds the cached CSR
+            assert np.allclose(sol.v[0], fh.V[:, 0], rtol=0, atol=1e-9), f"rtpo ({layout}) and mdptoolbox disagree"
+            jobs[f"rtpo/{layout}"] = lambda m=mdp: solve(m)
+            jobs[f"matvec/{layout}"] = lambda m=mdp, x=x: [c @ x for c in m.transition_csr]
+        best = dict.fromkeys(jobs, float("inf"))
         for r in range(args.repeats):
-            order = ["rtpo", "mdptoolbox", "copy"] if r % 2 == 0 else ["copy", "mdptoolbox", "rtpo"]
-            for name in order:
+            for name in list(jobs) if r % 2 == 0 else list(jobs)[::-1]:
                 t0 = time.perf_counter()
                 jobs[name]()
                 best[name] = min(best[name], time.perf_counter() - t0)
-        ub = useful_bytes(mdp)
         stream = 2 * src.nbytes / best["copy"]
-        rows.append(
-            {
-                "states": total_states,
-                "states_per_turn": total_states // K,
-                "num_turns": K,
-                "num_actions": A,
-                "successors": B,
-                "rtpo_solve_s": best["rtpo"],
-                "mdptoolbox_finite_horizon_s": best["mdptoolbox"],
-                "speedup_vs_mdptoolbox": best["mdptoolbox"] / best["rtpo"],
-                "useful_bytes": ub,
-                "useful_bytes_per_s": ub / best["rtpo"],
-                "stream_copy_bytes_per_s": stream,
-                "fraction_of_stream_bandwidth": ub / best["rtpo"] / stream,
-            }
-        )
-        print(json.dumps(rows[-1]))
+        for layout, mdp in mdps.items():
+            ub = useful_bytes(mdp)
+            t_rtpo = best[f"rtpo/{layout}"]
+            rows.append(
+                {
+                    "key": f"{total_states}/{layout}",
+                    "states": total_states,
+                    "layout": layout,
+                    "states_per_turn": total_states // K,
+                    "num_turns": K,
+                    "num_actions": A,
+                    "successors": B,
+                    "rtpo_solve_s": t_rtpo,
+                    "mdptoolbox_finite_horizon_s": best["mdptoolbox"],
+                    "speedup_vs_mdptoolbox": best["mdptoolbox"] / t_rtpo,
+                    "matvec_s": best[f"matvec/{layout}"],
+                    "speedup_ceiling_vs_mdptoolbox": best["mdptoolbox"] / best[f"matvec/{layout}"],
+                    "matvec_share_of_solve": best[f"matvec/{layout}"] / t_rtpo,
+                    "useful_bytes": ub,
+                    "useful_bytes_per_s": ub / t_rtpo,
+                    "stream_copy_bytes_per_s": stream,
+                    "fraction_of_stream_bandwidth": ub / t_rtpo / stream,
+                }
+            )
+            print(json.dumps(rows[-1]))
     out = {
         "command": "python bench/bench_solve.py",
         "repeats": args.repeats,

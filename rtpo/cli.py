@@ -19,7 +19,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from rtpo.cliutil import USAGE_ERROR, OneLineParser, fail
+from rtpo.cliutil import USAGE_ERROR, OneLineParser, add_plugin_option, fail
 
 
 def _fail(message: str) -> int:
@@ -64,8 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", metavar="DIR", default="runs", help="folder that receives the run folder (default: runs)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_plugin_option(run)
     solve = sub.add_parser("solve", help="exact optimum and recursively optimal policy of a scenario")
     solve.add_argument("args", nargs="+", metavar="SCENARIO [key=value ...]")
+    add_plugin_option(solve)
     sub.add_parser(
         "eval", help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy (rtpo.eval)", add_help=False
     )
@@ -82,7 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="{show,schema}", parser_class=OneLineParser)
     show = cfg_sub.add_parser("show", help="the fully resolved scenario, every key commented (a valid scenario file)")
     show.add_argument("args", nargs="*", metavar="[SCENARIO] [key=value ...]")
-    cfg_sub.add_parser("schema", help="JSON Schema of scenario files (every method, backend and task kind)")
+    add_plugin_option(show)
+    schema = cfg_sub.add_parser("schema", help="JSON Schema of scenario files (every method, backend and task kind)")
+    add_plugin_option(schema)
     sub.add_parser("scenarios", help="the shipped scenarios, one line each")
     plot = sub.add_parser("plot", help="learning curves of existing run folders (mean and band over seeds)")
     plot.add_argument(
@@ -110,6 +114,7 @@ def _dispatch(module: str, argv: list[str]) -> int:
 def _cmd_run(ns: argparse.Namespace) -> int:
     from rtpo.config import ConfigError, load_scenario
     from rtpo.run import run_scenario
+    from rtpo.trackers import TrackerError
 
     scenario, overrides = _split_scenario(ns.args)
     try:
@@ -118,6 +123,10 @@ def _cmd_run(ns: argparse.Namespace) -> int:
                 return _fail(
                     f"--resume continues a run with its own config.yaml; give no scenario ({scenario!r}), "
                     "only budget.* or logging.* overrides"
+                )
+            if ns.plugin:
+                return _fail(
+                    "--plugin goes with a new run: --resume loads the plugins recorded in the run's config.yaml"
                 )
             result = run_scenario(
                 None,
@@ -130,9 +139,9 @@ def _cmd_run(ns: argparse.Namespace) -> int:
         else:
             if ns.iter is not None:
                 return _fail("--iter N goes with --resume RUN_DIR (or with rtpo eval / rtpo export)")
-            cfg = load_scenario(scenario, overrides)
+            cfg = load_scenario(scenario, overrides, plugins=ns.plugin)
             result = run_scenario(cfg, out_root=Path(ns.out), progress=not ns.no_progress)
-    except ConfigError as e:
+    except (ConfigError, TrackerError) as e:
         return _fail(str(e))
     s = result.summary
     if s["stopped_by"] == "interrupted":
@@ -157,7 +166,7 @@ def _cmd_solve(ns: argparse.Namespace) -> int:
     if scenario is None:
         return _fail("solve needs a scenario file")
     try:
-        cfg = load_scenario(scenario, overrides)
+        cfg = load_scenario(scenario, overrides, plugins=ns.plugin)
         spec = get_backend(cfg.backend.kind)
         if spec.solve is None:
             return _fail(f"backend {cfg.backend.kind!r} has no exact solver")
@@ -182,17 +191,21 @@ def _cmd_export(ns: argparse.Namespace) -> int:
 def _cmd_config(ns: argparse.Namespace) -> int:
     import json
 
-    from rtpo import configdoc
+    from rtpo import configdoc, plugins
     from rtpo.config import ConfigError, load_scenario
 
     if ns.config_command == "schema":
+        try:
+            plugins.load(ns.plugin, "--plugin")
+        except ConfigError as e:
+            return _fail(str(e))
         print(json.dumps(configdoc.schema(), indent=2, default=str))
         return 0
     if ns.config_command != "show":
         return _fail("config needs a subcommand: show [SCENARIO] [key=value ...] | schema")
     scenario, overrides = _split_scenario(ns.args)
     try:
-        print(configdoc.show(load_scenario(scenario, overrides)), end="")
+        print(configdoc.show(load_scenario(scenario, overrides, plugins=ns.plugin)), end="")
     except ConfigError as e:
         return _fail(str(e))
     return 0

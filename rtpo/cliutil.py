@@ -33,6 +33,17 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(fail(self.prog, message))
 
 
+PLUGIN_HELP = (
+    "import MODULE first (repeatable): its registered methods, estimators, tasks, tools and backends "
+    "become valid names; a run records it in config.yaml (rtpo.plugins, docs/plugins.md)"
+)
+
+
+def add_plugin_option(p: argparse.ArgumentParser) -> None:
+    """`--plugin MODULE`, repeatable, into `ns.plugin` (a list)."""
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary sibling and a rename, so a reader (or a crash) never
     sees half a file; the folder is created when missing.  OSError propagates to the caller."""

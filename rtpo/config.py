@@ -3,7 +3,8 @@
 A scenario has the sections `name`, `seed`, `backend`, `task`, `method`, `budget`, `train`, `eval` and
 `logging`.  `backend.kind` picks a registered backend (rtpo.backends), which validates `task`;
 `method.name` picks a registered method, whose `Config` dataclass validates the rest of `method`, so a
-new method or backend needs no edit here.  Every failure is a ConfigError whose message is one line
+new method or backend needs no edit here.  An optional `plugins` list names modules (rtpo.plugins) imported
+before any of that, so a user's registered names are valid too.  Every failure is a ConfigError whose message is one line
 that starts with the offending key (`method.G: must be >= 2 ..., got 1`).
 """
 
@@ -55,6 +56,9 @@ def parse_scenario(data: Any) -> ScenarioConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"scenario: must be a mapping of sections, got {_fmt_input(data)}")
     check_plain_data(data)  # also for data that did not come through parse_yaml (Python callers, overrides)
+    from rtpo import plugins as _plugins
+
+    plugin_names = _plugins.load(data.get("plugins"))  # before any registry lookup below
     for key in data:
         if key not in SECTIONS:
             raise ConfigError(f"{str(key)[:60]}: unknown key{suggest(key, SECTIONS)} (valid: {', '.join(SECTIONS)})")
@@ -101,6 +105,7 @@ def parse_scenario(data: Any) -> ScenarioConfig:
     cfg = ScenarioConfig(
         name=name,
         seed=seed,
+        plugins=plugin_names,
         backend=backend,
         task=task,
         method=_method_section(data["method"]),
@@ -160,8 +165,13 @@ def apply_override(data: dict, override: str) -> None:
     node[parts[-1]] = value
 
 
-def load_scenario(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> ScenarioConfig:
-    """Read a scenario file (None = the embedded default), apply overrides, validate."""
+def load_scenario(
+    path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), plugins: list[str] | tuple[str, ...] = ()
+) -> ScenarioConfig:
+    """Read a scenario file (None = the embedded default), apply overrides, validate.
+
+    `plugins` (the CLI's --plugin MODULE) are added to the scenario's own `plugins` list, which is loaded
+    (rtpo.plugins) before anything is looked up in a registry and is recorded in the resolved config."""
     if path is None:
         text, where = default_scenario_text(), "default scenario"
     else:
@@ -181,6 +191,11 @@ def load_scenario(path: str | Path | None, overrides: list[str] | tuple[str, ...
     before = data.get("method", {}).get("name") if isinstance(data.get("method"), dict) else None
     for ov in overrides:
         apply_override(data, ov)
+    from rtpo import plugins as _plugins
+
+    if plugins:
+        data["plugins"] = list(dict.fromkeys([*_plugins.check_names(data.get("plugins")), *plugins]))
+    _plugins.load(data.get("plugins"))  # a plugin's method must be known to _switch_method below
     _switch_method(data, before, overrides)
     return parse_scenario(data)
 

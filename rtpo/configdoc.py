@@ -26,6 +26,7 @@ from rtpo.config import SECTIONS, BudgetConfig, EvalConfig, LoggingConfig, Scena
 _TOP = {
     "name": "scenario name (first part of the run folder name)",
     "seed": "seed of the run's numpy generator and of parameter init",
+    "plugins": "modules imported first, registering methods, estimators, tasks, tools or backends (docs/plugins.md)",
     "backend": "which backend runs the scenario, and its settings",
     "task": "what the policy is trained on (typed by the backend)",
     "method": "the algorithm (a registered method) and its settings",
@@ -218,9 +219,10 @@ def _dataclass_schema(cls: type) -> dict:
 def schema() -> dict:
     """A JSON Schema (draft 2020-12) of scenario files: sections, every registered method's keys, every
     installed backend's section and task keys (a task's kind-specific keys as alternatives)."""
-    from rtpo import backends
+    from rtpo import backends, plugins
     from rtpo.core import methods
 
+    plugins.load()  # installed plugins' methods and backends are part of what a scenario may say
     _load_all_backends()
     method_variants = []
     for name in methods.names():
@@ -238,6 +240,7 @@ def schema() -> dict:
     sections = {
         "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$", "description": _TOP["name"]},
         "seed": {"type": "integer", "minimum": 0, "description": _TOP["seed"]},
+        "plugins": {"type": "array", "items": {"type": "string"}, "description": _TOP["plugins"]},
         "backend": {"oneOf": backend_variants, "description": _TOP["backend"]},
         "task": {"anyOf": task_variants, "description": _TOP["task"]},
         "method": {"oneOf": method_variants, "description": _TOP["method"]},

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.cliutil import OneLineParser, fail, write_json
+from rtpo.cliutil import OneLineParser, add_plugin_option, fail, write_json
 from rtpo.core.protocols import Closeable
 from rtpo.evaluation import (  # noqa: F401 - re-exported: the metrics library's names under rtpo.eval too
     IN_RUN_SEED_OFFSET,
@@ -288,6 +288,7 @@ def _parser() -> OneLineParser:
     p.add_argument("--chunk", type=int, metavar="P", help="problems per rollout call (default: all at once)")
     p.add_argument("--scenario", metavar="FILE", help="with a HF model folder TARGET: the scenario to evaluate it in")
     p.add_argument("--out", metavar="FILE", help="JSON report (default: RUN/eval.json, or ./eval-<name>.json)")
+    add_plugin_option(p)
     return p
 
 
@@ -329,6 +330,9 @@ def command(ns: argparse.Namespace) -> int:
             queries = int(queries)
         if ns.chunk is not None and ns.chunk < 1:
             return _fail(f"--chunk: must be >= 1, got {ns.chunk}")
+        from rtpo import plugins
+
+        plugins.load(getattr(ns, "plugin", None), "--plugin")  # a run folder's recorded ones load with its config
         tgt = resolve_target(target, overrides, ns.scenario, ns.iter)
         out = Path(ns.out) if ns.out else default_out(tgt, ns.split)
         report = evaluate_target(tgt, ks, ns.samples, queries, ns.split, ns.seed, ns.threshold, ns.chunk)

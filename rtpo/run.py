@@ -68,9 +68,13 @@ class _Progress:
     stopped_by: str | None = None
 
 
-def _new_run_dir(out_root: Path, cfg: ScenarioConfig, stem: str | None = None) -> Path:
+def _check_out_root(out_root: Path) -> None:
     if out_root.exists() and not out_root.is_dir():
         raise ConfigError(f"--out {out_root}: exists and is not a folder")
+
+
+def _new_run_dir(out_root: Path, cfg: ScenarioConfig, stem: str | None = None) -> Path:
+    _check_out_root(out_root)
     try:
         out_root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -262,10 +266,7 @@ def run_scenario(
         new_cfg = load_scenario(run_dir / CONFIG, list(overrides)) if overrides else saved
         _check_export(new_cfg)
         state = checkpoint.resume_state(run_dir, saved, iteration)  # verified before anything is touched
-        if iteration is not None:
-            run_dir = _fork(run_dir, new_cfg, state, iteration, Path(out_root))
-        elif new_cfg.to_dict() != saved.to_dict():
-            atomic_write_text(run_dir / CONFIG, new_cfg.to_yaml())
+        config_changed = new_cfg.to_dict() != saved.to_dict()
         cfg = new_cfg
     else:
         if cfg is None:
@@ -273,15 +274,23 @@ def run_scenario(
         _check_export(cfg)
         if iteration is not None or overrides:
             raise ConfigError("iteration and overrides go with resume=RUN_DIR")
-        run_dir = _new_run_dir(Path(out_root), cfg)
-        atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
+        _check_out_root(Path(out_root))
 
+    # build first (load the task and its data, the model, the engines), then make or change folders:
+    # a task that fails to load leaves no run folder behind, and a resumed run's config.yaml unchanged
     built = get_backend(cfg.backend.kind).build(cfg)
     if cfg.backend.distributed != "none":
         from rtpo.distributed import distribute  # Ray is imported only by runs that ask for it
 
         built = distribute(built, cfg, cfg.backend.distributed, cfg.resources, cfg.backend.address)
     try:
+        if resume is None:
+            run_dir = _new_run_dir(Path(out_root), cfg)
+            atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
+        elif iteration is not None:
+            run_dir = _fork(run_dir, cfg, state, iteration, Path(out_root))
+        elif config_changed:
+            atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
         return _run_loop(cfg, built, run_dir, state, progress)
     finally:
         if isinstance(built.ctx, Closeable):
@@ -441,6 +450,8 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                     prog.method_state = method.state_dict()
                     _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
+                    for t in trackers:  # what a resume will not run again may now go out
+                        t.commit(prog.global_phase)
                 done = prog.iteration + (
                     prog.phase_in_iter / prog.phases_in_iter
                     if prog.it_state is not None and prog.phases_in_iter
@@ -494,6 +505,8 @@ def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: li
         "wall_s": prog.elapsed_s,
         "rollout_train_ratio_mean": _mean(metrics, "consistency/rollout_train_ratio"),
         "zero_advantage_rate_mean": _mean(metrics, "adv/zero_rate"),
+        # the share of sibling rollouts in tied groups (RTPO family; equals the rate when groups are equal)
+        "zero_advantage_rollout_share_mean": _mean(metrics, "adv/zero_rollout_share"),
     }
     refs = {
         k: final[k] for k in ((built.optimum_key,) if built.optimum_key else ()) + built.reference_keys if k in final

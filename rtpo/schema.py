@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-SECTIONS = ("name", "seed", "backend", "task", "method", "budget", "train", "eval", "logging", "resources")
+SECTIONS = ("name", "seed", "plugins", "backend", "task", "method", "budget", "train", "eval", "logging", "resources")
 
 
 class ConfigError(ValueError):
@@ -157,7 +157,8 @@ class LoggingConfig(Section):
     )
     trackers: tuple[str, ...] = Field(
         ("jsonl",),
-        description="experiment trackers fed the same record as metrics.jsonl (rtpo.trackers: jsonl, tensorboard)",
+        description="experiment trackers fed the same record as metrics.jsonl, all local/offline "
+        "(rtpo.trackers: jsonl, tensorboard, wandb, trackio; each but jsonl is an extra: pip install 'rtpo[wandb]')",
     )
 
     @field_validator("trackers", mode="before")
@@ -199,6 +200,9 @@ class ScenarioConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     name: str = Field(description="scenario name (first part of the run folder name)")
     seed: int = Field(0, description="seed of the run's numpy generator and of parameter init")
+    plugins: tuple[str, ...] = Field(
+        (), description="modules imported before the scenario is read (rtpo.plugins; --plugin adds to it)"
+    )
     backend: Any = Field(description="backend section (a BackendConfig subclass chosen by kind)")
     task: Any = Field(description="task section, typed by the backend")
     method: MethodSection = Field(description="method name and its Config fields")
@@ -214,6 +218,8 @@ class ScenarioConfig(BaseModel):
         return {
             "name": self.name,
             "seed": self.seed,
+            # left out when empty, so the config (and checkpoint fingerprint) of a plugin-free run is unchanged
+            **({"plugins": list(self.plugins)} if self.plugins else {}),
             "backend": self.backend.model_dump(),
             "task": task,
             "method": self.method.to_dict(),

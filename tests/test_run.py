@@ -192,3 +192,38 @@ def test_other_tasks_policies_and_context_maps_run(task, tmp_path):
     assert last["eval/v_star_psi"] <= last["eval/v_star"] + 1e-12
     assert all(m.get("consistency/rollout_train_ratio", 1.0) == 1.0 for m in res.metrics)
     assert len(res.metrics) == task["num_turns"]
+
+
+def test_a_task_that_fails_to_load_leaves_no_folder_behind(tmp_path, monkeypatch, capsys):
+    """The backend (task data, model, engines) is built before a run folder is made or changed: a task
+    that fails to load is one line, exit 2, and leaves no run folder with only config.yaml in it, no
+    forked folder for --resume --iter, and a resumed run's config.yaml as it was."""
+    import dataclasses
+
+    from rtpo import backends, cli
+    from rtpo.config import ConfigError
+
+    out = tmp_path / "runs"
+    assert (
+        cli.main(["run", "budget.iterations=1", "budget.queries_per_iteration=4", "--out", str(out), "--no-progress"])
+        == 0
+    )
+    (run,) = out.iterdir()
+    config_before = (run / "config.yaml").read_text()
+    capsys.readouterr()
+
+    spec = backends.get_backend("tabular")
+
+    def failing_build(cfg):
+        raise ConfigError("task.path: data.jsonl:2: field 'answer' is missing")
+
+    monkeypatch.setitem(backends.BACKENDS._items, "tabular", dataclasses.replace(spec, build=failing_build))
+    for args in (
+        ["run", "--out", str(out)],
+        ["run", "--resume", str(run), "budget.iterations=2"],
+        ["run", "--resume", str(run), "--iter", "1", "--out", str(out)],
+    ):
+        assert cli.main([*args, "--no-progress"]) == 2
+        assert capsys.readouterr().err == "rtpo: error: task.path: data.jsonl:2: field 'answer' is missing\n"
+        assert list(out.iterdir()) == [run]
+        assert (run / "config.yaml").read_text() == config_before

@@ -86,8 +86,12 @@ def build_jobs(
     overrides: list[str],
     sweep: tuple[str, list[str]] | None,
     out_root: Path,
+    plugins: list[str] | tuple[str, ...] = (),
+    seed_offset: int = 0,
 ) -> tuple[list[Job], dict]:
-    """Every (sweep value, method, seed) run, each config validated before anything runs."""
+    """Every (sweep value, method, seed) run, each config validated before anything runs.  `plugins`
+    (--plugin) join the scenario's own `plugins` list, so every run's config.yaml records them.  Seeds
+    are scenario.seed + seed_offset + 0..seeds−1 (--tune's tuning seeds start after the reported ones)."""
     from rtpo.backends import get_backend
     from rtpo.config import ConfigError, apply_override, parse_scenario
 
@@ -96,6 +100,10 @@ def build_jobs(
     except ImportError:
         pass
     raw, stem = _scenario_data(scenario)
+    if plugins:
+        from rtpo.plugins import check_names
+
+        raw["plugins"] = list(dict.fromkeys([*check_names(raw.get("plugins")), *plugins]))
     if not isinstance(raw.get("method"), dict):
         raise ConfigError("method: required section missing")
     specs = [parse_method_spec(s) for s in method_specs]
@@ -147,7 +155,7 @@ def build_jobs(
             data["logging"] = {**(data.get("logging") or {}), "progress": False, "plot": False}
             for i in range(seeds):
                 d = copy.deepcopy(data)
-                d["seed"] = int(raw.get("seed", 0)) + i
+                d["seed"] = int(raw.get("seed", 0)) + seed_offset + i
                 try:
                     cfg = parse_scenario(d)
                 except ConfigError as e:

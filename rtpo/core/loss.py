@@ -112,22 +112,28 @@ def _segment_mean(
     return total / count, count
 
 
-def clipped_policy_loss(
-    logp: torch.Tensor,
-    flat: FlatBatch,
-    cfg: LossConfig,
-    ref_logp: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """−J(θ) of Eq. 6 (or its GRPO/GSPO variants per `cfg`) and grouped metrics.
+@dataclass(frozen=True)
+class _Clipped:
+    """The forward terms of Eq. 6 that the loss, its metrics and its closed-form gradient share."""
 
-    logp: (N,) log π_θ of the batch's response tokens, differentiable; everything else is constant.
-    Only these N tokens enter the loss, so prefix (context) and continuation tokens of other turns
-    receive no gradient (Thm 2(c), Eq. 80).
-    """
+    old: torch.Tensor
+    adv: torch.Tensor
+    weight: torch.Tensor
+    raw_log_ratio: torch.Tensor  # log π_θ − log π_old, before the log-ratio clip
+    ratio: torch.Tensor  # ρ (token level, or the sequence's s spread over its tokens)
+    clipped: torch.Tensor  # clip(ρ, 1 − ε, 1 + ε_high)
+    hi: float
+    surrogate: torch.Tensor  # min(ρ A, clip(ρ) A) · weight, per token
+    objective: torch.Tensor  # J of Eq. 6 (or its GRPO/GSPO aggregation)
+    seq_count: torch.Tensor  # tokens of each token's sequence (ones when one_token_seqs)
+
+
+def _clipped_terms(logp: torch.Tensor, flat: FlatBatch, cfg: LossConfig) -> _Clipped:
+    """J(θ) of Eq. 6 and the terms on the way to it (the one place the clipped surrogate is written)."""
     old = flat.old_logp.to(logp.dtype)
     adv = flat.advantages.to(logp.dtype)
     weight = flat.weight.to(logp.dtype)
-    log_ratio = logp - old
+    raw = log_ratio = logp - old
     if cfg.log_ratio_clip is not None:
         log_ratio = log_ratio.clamp(-cfg.log_ratio_clip, cfg.log_ratio_clip)
     if cfg.ratio == "sequence":
@@ -140,29 +146,98 @@ def clipped_policy_loss(
 
     if cfg.aggregation == "token-mean":
         objective = surrogate.mean()
+        count = torch.ones_like(surrogate)
     else:
-        per_seq, _ = _segment_mean(surrogate, flat.token_seq, flat.num_seqs, flat.one_token_seqs)
+        per_seq, count = _segment_mean(surrogate, flat.token_seq, flat.num_seqs, flat.one_token_seqs)
         objective = per_seq.mean()
-    loss = -objective
+        count = count if flat.one_token_seqs else count[flat.token_seq]
+    return _Clipped(old, adv, weight, raw, ratio, clipped, hi, surrogate, objective, count)
 
-    metrics: dict[str, float] = {}
+
+def _clipped_metrics(t: _Clipped, logp: torch.Tensor, cfg: LossConfig, kl_value) -> dict[str, float]:
+    with torch.no_grad():
+        r = t.ratio.detach()
+        is_clipped = ((r < 1.0 - cfg.clip_eps) & (t.adv < 0)) | ((r > 1.0 + t.hi) & (t.adv > 0))
+        lr_ = logp.detach() - t.old
+        metrics = {
+            "loss/policy": float(-t.objective.detach()),
+            "loss/clipfrac": float(is_clipped.to(logp.dtype).mean()),
+            "loss/approx_kl": float((torch.exp(lr_) - 1.0 - lr_).mean()),  # k3 of KL(old||new)
+            "loss/ratio_mean": float(r.mean()),
+        }
+        if kl_value is not None:
+            metrics["loss/kl_ref"] = float(kl_value.detach())
+    return metrics
+
+
+def clipped_policy_loss(
+    logp: torch.Tensor,
+    flat: FlatBatch,
+    cfg: LossConfig,
+    ref_logp: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """−J(θ) of Eq. 6 (or its GRPO/GSPO variants per `cfg`) and grouped metrics.
+
+    logp: (N,) log π_θ of the batch's response tokens, differentiable; everything else is constant.
+    Only these N tokens enter the loss, so prefix (context) and continuation tokens of other turns
+    receive no gradient (Thm 2(c), Eq. 80).
+    """
+    t = _clipped_terms(logp, flat, cfg)
+    loss = -t.objective
     kl_value = None
     if ref_logp is not None and cfg.kl_coef > 0:
         d = ref_logp.to(logp.dtype) - logp
         kl_tok = torch.exp(d) - d - 1.0  # k3 estimator of KL(π_θ || π_ref), non-negative
         kl_value = kl_tok.mean()
         loss = loss + cfg.kl_coef * kl_value
+    return loss, _clipped_metrics(t, logp, cfg, kl_value)
+
+
+def closed_form_gradient(cfg: LossConfig) -> bool:
+    """Whether `clipped_policy_loss_grad` covers this configuration (the token-level ratio of Eq. 6;
+    GSPO's sequence ratio and REFUEL's regression go through autograd)."""
+    return cfg.objective == "clipped" and cfg.ratio == "token"
+
+
+def clipped_policy_loss_grad(
+    logp: torch.Tensor,
+    flat: FlatBatch,
+    cfg: LossConfig,
+    ref_logp: torch.Tensor | None = None,
+) -> tuple[float, torch.Tensor, dict[str, float]]:
+    """`clipped_policy_loss` without autograd: its value, its gradient with respect to logp in closed
+    form, and the same metrics.  For learners whose log-probs have a cheap closed-form derivative (a
+    softmax table), so a step needs no graph.  Token-level ratio only (`closed_form_gradient`).
+
+    Differentiating −J of Eq. 6 term by term, with the subgradient conventions autograd uses (a clamp
+    passes its gradient on the closed interval; min(x, y) splits it evenly when x = y):
+
+        ∂(−J)/∂log π_i = −c_i w_i A_i ρ_i [∂min/∂(ρA) + ∂min/∂(clip(ρ)A) · 1{1−ε ≤ ρ_i ≤ 1+ε_high}] · 1{|log ρ_i| ≤ L}
+
+    with c_i = 1/N (token mean) or 1/(S·T_seq(i)) (mean over sequences of token means), and for the k3
+    KL penalty β/N · (1 − π_ref/π_θ).
+    """
+    if not closed_form_gradient(cfg):
+        raise ValueError("clipped_policy_loss_grad covers the clipped loss with the token-level ratio only")
     with torch.no_grad():
-        r = ratio.detach()
-        is_clipped = ((r < 1.0 - cfg.clip_eps) & (adv < 0)) | ((r > 1.0 + hi) & (adv > 0))
-        lr_ = logp.detach() - old
-        metrics["loss/policy"] = float(-objective.detach())
-        metrics["loss/clipfrac"] = float(is_clipped.to(logp.dtype).mean())
-        metrics["loss/approx_kl"] = float((torch.exp(lr_) - 1.0 - lr_).mean())  # k3 of KL(old||new)
-        metrics["loss/ratio_mean"] = float(r.mean())
-        if kl_value is not None:
-            metrics["loss/kl_ref"] = float(kl_value.detach())
-    return loss, metrics
+        t = _clipped_terms(logp, flat, cfg)
+        s1, s2 = t.ratio * t.adv, t.clipped * t.adv
+        d_min = -t.weight / (t.seq_count * (flat.num_seqs if cfg.aggregation != "token-mean" else logp.numel()))
+        g1 = torch.where(s1 < s2, 1.0, torch.where(s1 == s2, 0.5, 0.0))
+        inside = (t.ratio >= 1.0 - cfg.clip_eps) & (t.ratio <= 1.0 + t.hi)
+        g_ratio = d_min * (g1 * t.adv + (1.0 - g1) * t.adv * inside)
+        grad = g_ratio * t.ratio
+        if cfg.log_ratio_clip is not None:
+            grad = grad * (t.raw_log_ratio.abs() <= cfg.log_ratio_clip)
+        loss = -t.objective
+        kl_value = None
+        if ref_logp is not None and cfg.kl_coef > 0:
+            d = ref_logp.to(logp.dtype) - logp
+            kl_value = (torch.exp(d) - d - 1.0).mean()
+            loss = loss + cfg.kl_coef * kl_value
+            g_kl = cfg.kl_coef / logp.numel()
+            grad = grad - (g_kl * torch.exp(d) - g_kl)  # autograd's order of operations
+    return float(loss), grad, _clipped_metrics(t, logp, cfg, kl_value)
 
 
 def pair_regression_loss(

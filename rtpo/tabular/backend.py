@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rtpo.core.loss import FlatBatch, LossConfig, policy_loss
+from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss_grad, closed_form_gradient, policy_loss
 from rtpo.core.types import Generation, Ragged, StepOutcome, TurnBatch
 from rtpo.tabular.mdp import TurnMDP
-from rtpo.tabular.policy import TabularPolicy
+from rtpo.tabular.policy import SoftmaxTable, TabularPolicy
 from rtpo.tabular.solve import evaluate, solve, uniform_policy
 
 
@@ -195,10 +195,25 @@ class TabularLearner:
     turns present in a minibatch enter its graph.  Their gradient is then None, not zero, so Adam skips
     them: its momentum cannot keep moving turns that Algorithm 1 has frozen (an update on one shared
     (K, C, A) tensor would, since Adam steps every entry with a non-zero first moment).
+
+    closed_form: a softmax table trained with the token-ratio clipped loss takes its gradient without
+    autograd — the loss's closed-form ∂/∂log π (`clipped_policy_loss_grad`, beside the loss it
+    differentiates) times ∂log π_k(a|c)/∂θ[k, c] = onehot(a) − π_k(·|c) — and hands it to the same
+    torch optimiser; the same bits as autograd (tested), without building a graph per step.
+    False (or any other policy or loss) takes autograd.
     """
 
-    def __init__(self, policy: TabularPolicy, params: np.ndarray, lr: float = 0.1, optimizer: str = "adam") -> None:
+    def __init__(
+        self,
+        policy: TabularPolicy,
+        params: np.ndarray,
+        lr: float = 0.1,
+        optimizer: str = "adam",
+        closed_form: bool = True,
+    ) -> None:
         self.policy = policy
+        self.closed_form = bool(closed_form) and isinstance(policy, SoftmaxTable)
+        self._flat: tuple[TurnBatch, FlatBatch] | None = None
         p = torch.as_tensor(np.array(params, dtype=np.float64, copy=True))
         parts = list(p.unbind(0)) if policy.turn_separable else [p]
         self.parts = [torch.nn.Parameter(x.clone()) for x in parts]
@@ -249,7 +264,12 @@ class TabularLearner:
         return Ragged(lp, batch.tokens.offsets)
 
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
-        flat = FlatBatch.from_batch(batch)
+        # epochs over one minibatch hand the same (immutable) batch again: its token view is reused
+        if self._flat is None or self._flat[0] is not batch:
+            self._flat = (batch, FlatBatch.from_batch(batch))
+        flat = self._flat[1]
+        if self.closed_form and closed_form_gradient(loss):
+            return self._closed_form_step(batch, flat, loss)
         logp = self._token_logp(batch)
         ref = None
         if loss.kl_coef > 0:
@@ -260,6 +280,42 @@ class TabularLearner:
         value.backward()
         grads = [p.grad for p in self.parts if p.grad is not None]
         metrics["train/grad_norm"] = float(torch.sqrt(sum((g**2).sum() for g in grads))) if grads else 0.0
+        self.opt.step()
+        return metrics
+
+    def _closed_form_step(self, batch: TurnBatch, flat: FlatBatch, loss: LossConfig) -> dict[str, float]:
+        """One optimiser step of the table policy with the gradient in closed form (see the class doc)."""
+        if not batch.tokens.is_uniform(1):
+            raise ValueError("tabular responses are exactly one token (the action)")
+        turn, ctx = _context_pairs(batch.contexts)
+        action = np.asarray(batch.tokens.values, np.int64)
+        present = np.unique(turn)
+        with torch.no_grad():
+            # log π of the present turns' tables, then the batch's rows: row by row the same arithmetic
+            # as _token_logp, so the same log-probs, loss value and metrics
+            tables = torch.log_softmax(torch.stack([self.parts[k] for k in present.tolist()]), dim=-1)
+            C = tables.shape[1]
+            where = np.zeros(len(self.parts), np.int64)
+            where[present] = np.arange(present.size)
+            cell = torch.from_numpy(where[turn] * C + ctx)
+            lp = tables.reshape(-1, tables.shape[-1])[cell]  # (N, A)
+            act = torch.tensor(action)[:, None]
+            logp = lp.gather(1, act).squeeze(1)
+            ref = None
+            if loss.kl_coef > 0:
+                ref = self._token_logp(batch, self.ref_params)
+            _, g, metrics = clipped_policy_loss_grad(logp, flat, loss, ref)
+            # ∂/∂θ[k, c] of log π_k(a|c) is onehot(a) − π_k(·|c): the kernel autograd runs for
+            # log_softmax's backward on the gather's one-hot gradient, then the rows summed per cell in
+            # row order as autograd's index backward does — so the same bits as autograd's gradient
+            one_hot = torch.zeros_like(lp).scatter_(1, act, g[:, None])
+            rows = torch._log_softmax_backward_data(one_hot, lp, 1, lp.dtype)
+            grad = torch.zeros_like(tables).reshape(-1, tables.shape[-1]).index_add_(0, cell, rows)
+            grad = grad.reshape(tables.shape)
+        slot = dict(zip(present.tolist(), grad.unbind(0)))
+        for k, part in enumerate(self.parts):  # = zero_grad(set_to_none=True), then the present turns' grads
+            part.grad = slot.get(k)
+        metrics["train/grad_norm"] = float(torch.sqrt(sum((g_**2).sum() for g_ in grad.unbind(0))))
         self.opt.step()
         return metrics
 

@@ -22,6 +22,16 @@ def _ro(a: np.ndarray, dtype) -> np.ndarray:
     return a
 
 
+def _ro_shared(arrays, dtype) -> tuple[np.ndarray, ...]:
+    """_ro of each array, converting an input object that appears several times once (`arrays` holds
+    the inputs for the whole call, so their ids stay valid)."""
+    copies: dict[int, np.ndarray] = {}
+    for x in arrays:
+        if id(x) not in copies:
+            copies[id(x)] = _ro(x, dtype)
+    return tuple(copies[id(x)] for x in arrays)
+
+
 @dataclass(frozen=True, eq=False)
 class TurnMDP:
     """Per turn k = 0..K−1 (S_k states, A actions, B_k successors):
@@ -53,11 +63,11 @@ class TurnMDP:
         for name in ("succ", "prob", "tau", "psi"):
             if len(getattr(self, name)) != K:
                 raise ValueError(f"TurnMDP.{name} must have one array per turn ({K})")
-        object.__setattr__(self, "succ", tuple(_ro(x, np.int64) for x in self.succ))
-        object.__setattr__(self, "prob", tuple(_ro(x, np.float64) for x in self.prob))
-        object.__setattr__(self, "reward", tuple(_ro(x, np.float64) for x in self.reward))
-        object.__setattr__(self, "tau", tuple(_ro(x, np.int64) for x in self.tau))
-        object.__setattr__(self, "psi", tuple(_ro(x, np.int64) for x in self.psi))
+        # one read-only copy per distinct input array: turns given the same array (a stationary layer
+        # passed as `(layer,) * K`) keep sharing it, and so do their transition matrices
+        for name, dtype in (("succ", np.int64), ("prob", np.float64), ("reward", np.float64), ("tau", np.int64)):
+            object.__setattr__(self, name, _ro_shared(getattr(self, name), dtype))
+        object.__setattr__(self, "psi", _ro_shared(self.psi, np.int64))
         object.__setattr__(self, "init", _ro(self.init, np.float64))
         A = self.reward[0].shape[1] if self.reward[0].ndim == 2 else -1
         if A < 1:
@@ -119,16 +129,24 @@ class TurnMDP:
         """Per turn k < K−1, P_k as a CSR matrix of shape (S_k·A, S_{k+1}): row s·A + a holds the B_k
         entries prob[k][s, a, :] at columns succ[k][s, a, :] (dead entries point at column 0 with
         probability 0).  Built once; a matvec with it is E[V_{k+1}(s') | s, a] in one streaming pass
-        (Eq. 20) and its transpose pushes state mass forward."""
+        (Eq. 20) and its transpose pushes state mass forward.  Turns that hold the same prob and succ
+        arrays (a stationary MDP built as `(layer,) * K`) share one matrix, as a stationary solver's
+        single P would: K−1 times less memory, and the matvecs of successive turns stay in cache."""
         out = []
+        built: dict[tuple[int, int, int], sparse.csr_matrix] = {}
         for k in range(self.num_turns - 1):
             p = self.prob[k]
             S, A, B = p.shape
             n = self.num_states[k + 1]
+            key = (id(p), id(self.succ[k]), n)  # both arrays are held by self, so their ids stay valid
+            if key in built:
+                out.append(built[key])
+                continue
             idx_t = np.int32 if max(n, S * A * B) < 2**31 else np.int64
             cols = np.where(p > 0, self.succ[k], 0).astype(idx_t).reshape(-1)
             ptr = np.arange(0, S * A * B + 1, B, dtype=idx_t)
-            out.append(sparse.csr_matrix((p.reshape(-1), cols, ptr), shape=(S * A, n)))
+            built[key] = sparse.csr_matrix((p.reshape(-1), cols, ptr), shape=(S * A, n))
+            out.append(built[key])
         return tuple(out)
 
     def with_psi(self, psi, num_contexts: int | None = None) -> TurnMDP:

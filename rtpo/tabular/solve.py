@@ -96,14 +96,38 @@ def uniform_policy(mdp: TurnMDP, num_contexts: int | None = None) -> np.ndarray:
 def _argmax(x: np.ndarray) -> np.ndarray:
     """Per row, the lowest index within _TIE of the row maximum."""
     # column by column: numpy's reductions over a short last axis are several times slower
-    m = x[:, 0].copy()
-    for a in range(1, x.shape[1]):
-        np.maximum(m, x[:, a], out=m)
+    m = _row_max(x)
     m -= _TIE
     best = np.full(x.shape[0], x.shape[1] - 1, dtype=np.int64)
     for a in range(x.shape[1] - 2, -1, -1):
         best[x[:, a] >= m] = a
     return best
+
+
+def _row_max(x: np.ndarray) -> np.ndarray:
+    m = x[:, 0].copy()
+    for a in range(1, x.shape[1]):
+        np.maximum(m, x[:, a], out=m)
+    return m
+
+
+def _greedy(q: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Writes into `out` (S, A) the one-hot greedy policy of q (S, A) — per row the lowest action
+    within _TIE of the maximum, as `_argmax` — and returns V(s) = q(s, best(s)).
+
+    No index gathers on the common path: a row with exactly one action within _TIE of its maximum
+    has that action's indicator as its policy row and the maximum itself as its value; only rows
+    with near-ties (or none: NaN) take `_argmax`."""
+    m = _row_max(q)
+    thr = m - _TIE
+    np.greater_equal(q, thr[:, None], out=out, casting="unsafe")
+    tied = np.flatnonzero(out @ np.ones(q.shape[1]) != 1.0)
+    if tied.size:
+        best = _argmax(q[tied])
+        out[tied] = 0.0
+        out[tied, best] = 1.0
+        m[tied] = q[tied, best]
+    return m
 
 
 def solve(mdp: TurnMDP, psi: Sequence[np.ndarray] | None = None, prefix_policy: np.ndarray | None = None) -> Solution:
@@ -136,12 +160,10 @@ def solve(mdp: TurnMDP, psi: Sequence[np.ndarray] | None = None, prefix_policy: 
     v_next = None
     for k in range(K - 1, -1, -1):
         q[k] = backup(mdp, k, v_next)
-        rows = np.arange(mdp.num_states[k])
         if weights is None:
-            best = _argmax(q[k])
-            policy[k, rows, 0] = 0.0
-            policy[k, rows, best] = 1.0
+            v[k] = _greedy(q[k], policy[k, : mdp.num_states[k]])
         else:
+            rows = np.arange(mdp.num_states[k])
             w = weights[k] if weights[k].sum() > 0 else np.ones(mdp.num_states[k])
             pooled = np.zeros((C, A))
             np.add.at(pooled, psi_t[k], w[:, None] * q[k])
@@ -152,7 +174,7 @@ def solve(mdp: TurnMDP, psi: Sequence[np.ndarray] | None = None, prefix_policy: 
             policy[k, seen, 0] = 0.0
             policy[k, seen, ctx_best[seen]] = 1.0
             best = ctx_best[psi_t[k]]
-        v[k] = q[k][rows, best]  # = Σ_u π_k(u | ψ_k(s)) Q̃_k(s, u) for the one-hot π_k
+            v[k] = q[k][rows, best]  # = Σ_u π_k(u | ψ_k(s)) Q̃_k(s, u) for the one-hot π_k
         v_next = v[k]
     f = tuple(v[k + 1] if k < K - 1 else np.zeros(0) for k in range(K))
     return Solution(tuple(q), tuple(v), f, float(mdp.init @ v[0]), policy=policy, psi=psi_t)

@@ -1,0 +1,225 @@
+"""Plugins (rtpo.plugins): a user's registered names work in `rtpo run`, `rtpo eval` of the run folder,
+`--resume` and `rtpo compare`, whether the plugin comes by `--plugin MODULE` (recorded in config.yaml)
+or as an installed distribution's `rtpo.plugins` entry point; a plugin that cannot load is one line, exit 2.
+
+The journeys run the real command in fresh processes, so each step must find the plugin on its own (an
+`rtpo eval` of a run folder knows nothing the `rtpo run` process imported)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rtpo import plugins
+from rtpo.config import ConfigError, default_scenario_text, load_scenario, parse_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "rtpo-plugin-example"
+SMALL = ["budget.iterations=2", "budget.queries_per_iteration=8"]
+
+
+def _rtpo(args: list[str], cwd: Path, pythonpath: list[Path], **env) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath), **env}
+    full_env.pop(plugins.DISABLE_ENV, None)
+    full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "rtpo", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300
+    )
+
+
+def _ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def _only_run(out: Path) -> Path:
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return run
+
+
+def _run_eval_resume(tmp_path: Path, pythonpath: list[Path], plugin_args: list[str]) -> Path:
+    """`rtpo run` -> `rtpo eval` of the run folder -> `rtpo run --resume`, each a fresh process."""
+    args = ["run", *plugin_args, "method.name=rtpo_trimmed", *SMALL, "--out", "runs", "--no-progress"]
+    _ok(_rtpo(args, tmp_path, pythonpath))
+    run = _only_run(tmp_path / "runs")
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["method"]["name"] == "rtpo_trimmed" and cfg["method"]["estimator"] == "sibling_trimmed_mean"
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2 * 4  # 2 iterations x K=4 phases
+
+    _ok(_rtpo(["eval", str(run)], tmp_path, pythonpath))
+    report = json.loads((run / "eval.json").read_text())
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert report["method"] == "rtpo_trimmed"
+    assert report["exact"]["eval/value"] == pytest.approx(last["eval/value"], rel=1e-12)  # the trained policy
+
+    _ok(_rtpo(["run", "--resume", str(run), "budget.iterations=3", "--no-progress"], tmp_path, pythonpath))
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3 * 4
+    assert yaml.safe_load((run / "config.yaml").read_text())["budget"]["iterations"] == 3
+    return run
+
+
+def _compare(tmp_path: Path, pythonpath: list[Path], args: list[str]) -> Path:
+    """`rtpo compare` of the plugin's method; returns its one run folder."""
+    cmd = ["compare", *args, "--methods", "rtpo_trimmed", "--seeds", "1", "--workers", "1", *SMALL, "--out", "cmp"]
+    _ok(_rtpo(cmd, tmp_path, pythonpath))
+    (folder,) = (tmp_path / "cmp").iterdir()
+    (row,) = json.loads((folder / "comparison.json").read_text())["rows"]
+    assert (
+        row["method"] == "rtpo_trimmed"
+        and row["failed"] == []
+        and row["settings"]["estimator"] == "sibling_trimmed_mean"
+    )
+    (run,) = [p for p in (folder / "runs").rglob("config.yaml")]
+    return run.parent
+
+
+def test_plugin_flag_through_run_eval_resume(tmp_path):
+    run = _run_eval_resume(tmp_path, [ROOT, EXAMPLE], ["--plugin", "rtpo_plugin_example"])
+    assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["rtpo_plugin_example"]
+
+
+def test_plugin_flag_in_compare_and_missing_plugin_is_one_line(tmp_path):
+    run = _compare(tmp_path, [ROOT, EXAMPLE], ["--plugin", "rtpo_plugin_example"])
+    assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["rtpo_plugin_example"]
+    # the run folder where the plugin is not importable: one line naming it, exit 2, nothing touched
+    before = (run / "metrics.jsonl").read_text()
+    for args in (["eval", str(run)], ["run", "--resume", str(run), "budget.iterations=4"]):
+        bad = _rtpo(args, tmp_path, [ROOT])
+        assert bad.returncode == 2, bad.stderr
+        lines = bad.stderr.strip().splitlines()
+        assert len(lines) == 1 and "'rtpo_plugin_example'" in lines[0] and "cannot be imported" in lines[0], lines
+    assert (run / "metrics.jsonl").read_text() == before
+
+
+@pytest.fixture(scope="module")
+def installed_example(tmp_path_factory) -> Path:
+    """The example package installed for real (pip, no network, into a target folder)."""
+    tmp = tmp_path_factory.mktemp("plugin-install")
+    src = tmp / "src"
+    shutil.copytree(EXAMPLE, src)  # setuptools writes build files into the source tree: not into the repo
+    site = tmp / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    proc = subprocess.run([*pip, "--target", str(site), str(src)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (ep,) = site.glob("rtpo_plugin_example-*.dist-info/entry_points.txt")
+    assert "[rtpo.plugins]" in ep.read_text()
+    return site
+
+
+def test_entry_point_through_run_eval_resume_needs_no_flag(tmp_path, installed_example):
+    """The entry point loads in every process, so nothing is recorded and no flag is needed."""
+    run = _run_eval_resume(tmp_path, [ROOT, installed_example], [])
+    assert "plugins" not in yaml.safe_load((run / "config.yaml").read_text())
+
+
+def test_entry_point_in_compare_and_switched_off(tmp_path, installed_example):
+    _compare(tmp_path, [ROOT, installed_example], [])
+    off = _rtpo(
+        ["run", "method.name=rtpo_trimmed", *SMALL], tmp_path, [ROOT, installed_example], **{plugins.DISABLE_ENV: "1"}
+    )
+    assert off.returncode == 2 and "unknown method 'rtpo_trimmed'" in off.stderr
+
+
+# -- in-process: names, errors, recording -------------------------------------------------------------
+@pytest.fixture
+def example_on_path(monkeypatch):
+    """The example importable in this process; its registrations and import are undone afterwards (so
+    other tests' registries and a later fresh import are unaffected)."""
+    from rtpo.core.estimators import ESTIMATORS
+    from rtpo.core.methods import METHODS
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    monkeypatch.setattr(plugins, "_loaded", dict(plugins._loaded))
+    with ESTIMATORS.temporary(), METHODS.temporary():
+        yield
+    sys.modules.pop("rtpo_plugin_example", None)
+
+
+def test_compare_records_the_scenarios_plugins_in_every_job(tmp_path, example_on_path):
+    from rtpo import compare
+
+    (tmp_path / "plug.yaml").write_text(default_scenario_text() + "plugins: [rtpo_plugin_example]\n")
+    jobs, _ = compare.build_jobs(str(tmp_path / "plug.yaml"), ["rtpo", "rtpo_trimmed"], 1, [], None, tmp_path)
+    assert [j.data["plugins"] for j in jobs] == [["rtpo_plugin_example"]] * 2
+    assert [parse_scenario(j.data).method.config.estimator for j in jobs] == ["sibling_mean", "sibling_trimmed_mean"]
+    jobs, _ = compare.build_jobs(None, ["rtpo_trimmed"], 1, [], None, tmp_path, plugins=["rtpo_plugin_example"])
+    assert jobs[0].data["plugins"] == ["rtpo_plugin_example"]
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("not a module", "plugins[0]: must be an importable module name"),
+        ([3], "plugins[0]: must be an importable module name"),
+        ({"a": 1}, "plugins: must be a list of module names"),
+    ],
+)
+def test_bad_plugin_names_are_one_line(value, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        plugins.check_names(value)
+
+
+def test_plugin_that_fails_is_named(tmp_path, monkeypatch):
+    (tmp_path / "s2016_raises.py").write_text("raise RuntimeError('boom\\nsecond line')\n")
+    (tmp_path / "s2016_takes_rtpo.py").write_text(
+        "from rtpo.core.methods import register_method\n"
+        "from rtpo.core.methods.rtpo import RTPO\n"
+        "register_method('rtpo')(RTPO)\n"
+    )
+    (tmp_path / "s2016_bad_import.py").write_text("import s2016_not_there\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = {
+        "s2016_raises": "plugin 's2016_raises' failed to import: RuntimeError: boom second line",
+        "s2016_takes_rtpo": "plugin 's2016_takes_rtpo' failed to import: ValueError: method 'rtpo' is already registered",
+        "s2016_bad_import": "plugin 's2016_bad_import' failed to import: ModuleNotFoundError",
+        "s2016_absent": "plugin 's2016_absent' cannot be imported: no module named 's2016_absent'",
+    }
+    for name, message in cases.items():
+        with pytest.raises(ConfigError) as e:
+            load_scenario(None, plugins=[name])
+        assert message in str(e.value) and "\n" not in str(e.value)
+        assert name not in plugins.loaded()
+
+
+def test_plugins_are_recorded_and_round_trip(example_on_path):
+    cfg = load_scenario(None, ["method.name=rtpo_trimmed"], plugins=["rtpo_plugin_example"])
+    assert cfg.plugins == ("rtpo_plugin_example",)
+    data = cfg.to_dict()
+    assert list(data)[:3] == ["name", "seed", "plugins"]
+    assert parse_scenario(yaml.safe_load(cfg.to_yaml())) == cfg
+    assert cfg.method.config.estimator == "sibling_trimmed_mean"
+    # a scenario without plugins keeps its old config.yaml (and checkpoint fingerprint): no empty key
+    assert "plugins" not in load_scenario(None).to_dict()
+
+
+def test_entry_points_load_once_and_fail_by_name(tmp_path, monkeypatch):
+    """A tmp dist-info on sys.path is an installed distribution to importlib.metadata."""
+    dist = tmp_path / "s2016_ep-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: s2016-ep\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[rtpo.plugins]\ncounter = s2016_ep:register\n")
+    (tmp_path / "s2016_ep.py").write_text("CALLS = []\ndef register():\n    CALLS.append(1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(plugins, "_entry_points_done", False)
+    monkeypatch.setattr(plugins, "_loaded", dict(plugins._loaded))
+    plugins.load()
+    plugins.load()
+    import s2016_ep
+
+    assert s2016_ep.CALLS == [1]
+    assert plugins.loaded()["s2016_ep:register"] == "entry point counter = s2016_ep:register"
+
+    (dist / "entry_points.txt").write_text("[rtpo.plugins]\nbroken = s2016_ep_missing\n")
+    monkeypatch.setattr(plugins, "_entry_points_done", False)
+    with pytest.raises(ConfigError, match=r"plugin 'broken' \(rtpo.plugins entry point broken = s2016_ep_missing\)"):
+        plugins.load()
+    monkeypatch.setenv(plugins.DISABLE_ENV, "1")
+    monkeypatch.setattr(plugins, "_entry_points_done", False)
+    plugins.load()  # switched off: the broken entry point is not even looked at
