@@ -71,6 +71,11 @@ def _untimed(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in checkpoint.read_metrics(run_dir)]
 
 
+def _generations(run_dir: Path) -> dict[str, str]:
+    folder = run_dir / checkpoint.GENERATIONS_DIR
+    return {p.name: p.read_text() for p in sorted(folder.iterdir())}
+
+
 def _weights(run_dir: Path, name: str | None = None) -> dict[str, torch.Tensor]:
     path = checkpoint.latest_path(run_dir) if name is None else run_dir / checkpoint.CKPT_DIR / name / checkpoint.STATE
     return checkpoint.model_weights(path, checkpoint.read_checkpoint(path))
@@ -122,6 +127,7 @@ def test_resume_with_a_larger_budget_is_exact(runs, tmp_path):
     assert cli.main(["run", "--resume", str(run), "budget.iterations=2", "--no-progress"]) == 0
     assert _untimed(run) == _untimed(runs["two"])
     assert _same_weights(_weights(run), _weights(runs["two"]))
+    assert _generations(run) == _generations(runs["two"])
     # the end-of-run checkpoint reuses the last phase's shards (nothing changed): one folder per position
     assert sorted(p.name for p in (run / checkpoint.CKPT_DIR / "iter_2").iterdir()) == ["learner-1", "state.ckpt"]
 
@@ -185,6 +191,7 @@ def test_sigkill_inside_a_dcp_write_resumes_exactly(point, runs, tmp_path):
     assert cli.main(["run", "--resume", str(run), "--no-progress"]) == 0
     assert _untimed(run) == _untimed(runs["two"])
     assert _same_weights(_weights(run), _weights(runs["two"]))
+    assert _generations(run) == _generations(runs["two"])  # iteration 1's were written before its checkpoints
     assert sorted(p.name for p in (run / checkpoint.CKPT_DIR).iterdir()) == ["iter_1", "iter_2", "latest"]
 
 
@@ -208,6 +215,28 @@ def test_a_rewrite_of_the_same_position_that_fails_keeps_the_old_shards(runs, tm
     assert _same_weights(_weights(run), before)  # state.ckpt still names learner-1
     checkpoint.discard_uncommitted(run)
     assert sorted(p.name for p in (run / checkpoint.CKPT_DIR / "iter_1").iterdir()) == ["learner-1", "state.ckpt"]
+
+
+def test_a_few_generations_per_iteration_as_jsonl(runs):
+    import json
+
+    from rtpo.config import load_scenario
+    from rtpo.llm.build import load_task
+
+    run = runs["two"]
+    cfg = load_scenario(run / checkpoint.CONFIG)
+    assert cfg.logging.generations_per_iteration == 4
+    questions = {i: item.question for i, item in enumerate(load_task(cfg.task, "train").items)}
+    assert sorted(_generations(run)) == ["iter_0.jsonl", "iter_1.jsonl"]
+    for it in (0, 1):
+        rows = [json.loads(x) for x in checkpoint.generations_path(run, it).read_text().splitlines()]
+        assert len(rows) == 4 and all(r["iteration"] == it for r in rows)
+        for r in rows:
+            assert r["question"] == questions[r["query_id"] % len(questions)]
+            assert r["turns"][-1]["role"] == "assistant" and 1 <= len(r["turns"]) <= 2 * cfg.task.num_turns - 1
+            assert r["reward"] in (0.0, 1.0) and set(r) >= {"gold", "answer"}
+        # the trunks of iteration `it`: queries it*4 .. it*4+3 (budget.queries_per_iteration = 4)
+        assert {r["query_id"] for r in rows} <= set(range(4 * it, 4 * it + 4))
 
 
 def _one_line(capsys, args, match: str) -> None:
