@@ -114,6 +114,7 @@ def _dispatch(module: str, argv: list[str]) -> int:
 def _cmd_run(ns: argparse.Namespace) -> int:
     from rtpo.config import ConfigError, load_scenario
     from rtpo.run import run_scenario
+    from rtpo.trackers import TrackerError
 
     scenario, overrides = _split_scenario(ns.args)
     try:
@@ -140,7 +141,7 @@ def _cmd_run(ns: argparse.Namespace) -> int:
                 return _fail("--iter N goes with --resume RUN_DIR (or with rtpo eval / rtpo export)")
             cfg = load_scenario(scenario, overrides, plugins=ns.plugin)
             result = run_scenario(cfg, out_root=Path(ns.out), progress=not ns.no_progress)
-    except ConfigError as e:
+    except (ConfigError, TrackerError) as e:
         return _fail(str(e))
     s = result.summary
     if s["stopped_by"] == "interrupted":

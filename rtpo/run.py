@@ -482,6 +482,8 @@ def _run_loop(
                     prog.method_state = method.state_dict()
                     _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
+                    for t in trackers:  # what a resume will not run again may now go out
+                        t.commit(prog.global_phase)
                 done = prog.iteration + (
                     prog.phase_in_iter / prog.phases_in_iter
                     if prog.it_state is not None and prog.phases_in_iter
@@ -540,6 +542,8 @@ def _finish(
         "wall_s": prog.elapsed_s,
         "rollout_train_ratio_mean": _mean(metrics, "consistency/rollout_train_ratio"),
         "zero_advantage_rate_mean": _mean(metrics, "adv/zero_rate"),
+        # the share of sibling rollouts in tied groups (RTPO family; equals the rate when groups are equal)
+        "zero_advantage_rollout_share_mean": _mean(metrics, "adv/zero_rollout_share"),
     }
     refs = {
         k: final[k] for k in ((built.optimum_key,) if built.optimum_key else ()) + built.reference_keys if k in final

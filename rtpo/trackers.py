@@ -1,23 +1,38 @@
 """Experiment trackers: every sink is fed the one metrics record that feeds metrics.jsonl.
 
-`logging.trackers: [jsonl, tensorboard]` names registered trackers.  `jsonl` is the run folder's own
-metrics.jsonl (always written: resume and `rtpo eval` read it); every other tracker receives exactly the
-same record per phase, under the same keys (grouped by prefix: `eval/value`, `loss/clipfrac`, ...), and the
-resolved scenario once as hyperparameters.  A tracker is a class with `open(run_dir, config)`,
-`log(record, step)` and `close()`, registered by name; its package is an optional extra imported lazily.
-A resumed run opens its trackers with `first_step` = the first phase after its checkpoint: a tracker
-drops what it was given for that step and later ones by the killed process (TensorBoard: `purge_step`),
-so no phase is shown twice.
+`logging.trackers: [jsonl, tensorboard, wandb, trackio]` names registered trackers.  `jsonl` is the run
+folder's own metrics.jsonl (always written: resume and `rtpo eval` read it); every other tracker receives
+exactly the same record per phase, under the same keys (grouped by prefix: `eval/value`, `loss/clipfrac`,
+...), and the resolved scenario once as hyperparameters.  A tracker is a class with
+`open(run_dir, config, first_step)`, `log(record, step)`, `commit(step)` and `close()`, registered by name;
+its package is an optional extra imported lazily, and a missing one is a one-line error naming the extra.
+Every tracker writes locally only (nothing reaches the network):
 
-Built in: `tensorboard` (event files under RUN/tensorboard/, the `tensorboard` extra).  Not built: W&B,
-MLflow and trackio (their clients would change pinned packages of the vLLM stack here; a plugin registers
-them the same way).
+- `tensorboard`: event files under RUN/tensorboard/ (the `tensorboard` extra).
+- `wandb`: a W&B run in offline mode under RUN/wandb/ (the `wandb` extra); `wandb sync RUN/wandb/offline-run-*`
+  uploads it later, the segments of a resumed run under one run id.
+- `trackio`: trackio's local SQLite store (its own `TRACKIO_DIR`, by default HF_HOME/trackio; the `trackio`
+  extra), project `rtpo`, one trackio run per run folder; `trackio show --project rtpo` opens it.
+  A `TRACKIO_SPACE_ID` or `TRACKIO_SERVER_URL` in the environment is refused (it would upload).
+- MLflow is not built: every mlflow-skinny 2.x/3.x release caps cachetools below 8, and this project's vLLM
+  stack runs with cachetools 8 (the releases that accept it are mlflow 1.x, from 2022); a plugin can
+  register one the same way.
+
+No phase twice after a resume.  A resumed run opens its trackers with `first_step` = the first phase after
+its checkpoint; what the killed process gave a tracker for that step and later ones is replaced.
+TensorBoard does it with `purge_step`.  The others cannot take back what they logged, so they are
+written only up to the latest checkpoint: `log` keeps the record, `commit(step)` (called after each
+checkpoint) writes the kept records up to `step`, and `close` drops the rest (the resumed run logs those
+phases again).  A resumed run does not log the hyperparameters again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +47,9 @@ class Tracker:
 
     def log(self, record: dict[str, Any], step: int) -> None:  # noqa: B027 - optional hook
         pass
+
+    def commit(self, step: int) -> None:  # noqa: B027 - optional hook
+        """Phases up to `step` are covered by a checkpoint (a resume will not run them again)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -62,9 +80,7 @@ class TensorBoardTracker(Tracker):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
-            raise RuntimeError(
-                "logging.trackers: tensorboard needs the tensorboard extra (pip install tensorboard)"
-            ) from e
+            raise _missing("tensorboard", "tensorboard") from e
         import yaml
 
         # purge_step: readers discard events at steps >= first_step written before this point (a killed
@@ -80,23 +96,164 @@ class TensorBoardTracker(Tracker):
         self.writer.add_hparams(hparams, {}, run_name=".")
 
     def log(self, record: dict[str, Any], step: int) -> None:
-        for key, value in record.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            if math.isfinite(value):
-                self.writer.add_scalar(key, value, step)
+        for key, value in _scalars(record).items():
+            self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
 
 
+class TrackerError(RuntimeError):
+    """A tracker that cannot be set up (missing package, a setting that would upload): the run refuses
+    before its first phase (`rtpo run` prints it in one line, exit 2)."""
+
+
+def _missing(tracker: str, module: str) -> TrackerError:
+    return TrackerError(
+        f"logging.trackers: {tracker} needs the {tracker} extra (pip install 'rtpo[{tracker}]'); "
+        f"{module} is not installed"
+    )
+
+
+def _scalars(record: dict[str, Any]) -> dict[str, float | int]:
+    """The record's finite numbers (what a scalar tracker shows), keys unchanged."""
+    return {
+        k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+class CommittedTracker(Tracker):
+    """A sink that cannot take back what it was given: it is written only up to the latest checkpoint."""
+
+    def open(self, run_dir: Path, config: dict[str, Any], first_step: int = 1) -> None:
+        self._pending: list[tuple[int, dict[str, Any]]] = []
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        self._pending.append((step, record))
+
+    def commit(self, step: int) -> None:
+        ready = [(s, r) for s, r in self._pending if s <= step]
+        self._pending = [(s, r) for s, r in self._pending if s > step]
+        for s, r in ready:
+            self._write(r, s)
+
+    def _write(self, record: dict[str, Any], step: int) -> None:
+        raise NotImplementedError
+
+
+def _run_id(run_dir: Path) -> str:
+    """A tracker run id from the run folder's name: the same for every process of the run."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(run_dir).name)
+    if len(name) > 64:
+        name = name[:55] + "-" + hashlib.sha1(name.encode()).hexdigest()[:8]
+    return name
+
+
+@TRACKERS.register("wandb")
+class WandbTracker(CommittedTracker):
+    """A W&B run in offline mode under RUN/wandb/ (step = global phase); the scenario once as its config.
+
+    Each process of a run writes one offline segment (RUN/wandb/offline-run-*-<id>), all under the run
+    id taken from the run folder's name; a resumed segment continues the run (`resume="allow"`) and
+    carries no config.  `WANDB_MODE` and a login are ignored: the mode is always offline."""
+
+    def open(self, run_dir: Path, config: dict[str, Any], first_step: int = 1) -> None:
+        super().open(run_dir, config, first_step)
+        try:
+            import wandb
+        except ImportError as e:
+            raise _missing("wandb", "wandb") from e
+        root = Path(run_dir)
+        run_id = _run_id(root)
+        resumed = first_step > 1 and any((root / "wandb").glob(f"offline-run-*-{run_id}"))
+        self.run = wandb.init(
+            mode="offline",
+            dir=str(root),
+            project=os.environ.get("WANDB_PROJECT") or "rtpo",
+            id=run_id,
+            name=root.name,
+            group=str(config.get("name", "")) or None,
+            job_type=str(config.get("method", {}).get("name", "")) or None,
+            config=None if resumed else config,
+            resume="allow",
+            reinit="create_new",
+            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+        )
+
+    def _write(self, record: dict[str, Any], step: int) -> None:
+        self.run.log(_scalars(record), step=step)
+
+    def close(self) -> None:
+        import wandb
+
+        self.run.finish()
+        wandb.teardown()  # the next run of this process (rtpo compare, tests) gets a fresh W&B service
+
+
+@TRACKERS.register("trackio")
+class TrackioTracker(CommittedTracker):
+    """A trackio run in trackio's local store (project `rtpo`, run = the run folder's name); the scenario
+    as its config (trackio keeps one config row per run, which a resumed process replaces by the same one).
+    trackio's own console lines go to RUN/logs/trackio.log."""
+
+    def open(self, run_dir: Path, config: dict[str, Any], first_step: int = 1) -> None:
+        super().open(run_dir, config, first_step)
+        remote = [k for k in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL") if os.environ.get(k)]
+        if remote:
+            raise TrackerError(
+                f"logging.trackers: trackio writes locally only; {' and '.join(remote)} in the environment "
+                "would send the metrics away (unset it)"
+            )
+        try:
+            import trackio
+        except ImportError as e:
+            raise _missing("trackio", "trackio") from e
+        self._log_path = Path(run_dir) / "logs" / "trackio.log"
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self._quiet():
+            self.run = trackio.init(
+                project="rtpo",
+                name=_run_id(Path(run_dir)),
+                group=str(config.get("name", "")) or None,
+                config=config,  # one row per run in trackio's store: a resume replaces it with the same
+                resume="allow",
+                embed=False,
+                auto_log_cpu=False,
+                auto_log_gpu=False,
+            )
+
+    def _quiet(self):
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        f = stack.enter_context(open(self._log_path, "a"))
+        stack.enter_context(contextlib.redirect_stdout(f))
+        return stack
+
+    def _write(self, record: dict[str, Any], step: int) -> None:
+        self.run.log(_scalars(record), step=step)
+
+    def close(self) -> None:
+        from trackio import context_vars
+
+        with self._quiet():
+            self.run.finish()
+        if context_vars.current_run.get() is self.run:  # else trackio finishes it again at exit (and prints)
+            context_vars.current_run.set(None)
+
+
 def open_trackers(
     names: tuple[str, ...] | list[str], run_dir: Path, config: dict[str, Any], first_step: int = 1
 ) -> list[Tracker]:
-    out = []
-    for name in names:
-        tracker = TRACKERS.get(name)()
-        tracker.open(run_dir, config, first_step)
-        out.append(tracker)
+    out: list[Tracker] = []
+    try:
+        for name in names:
+            tracker = TRACKERS.get(name)()
+            tracker.open(run_dir, config, first_step)
+            out.append(tracker)
+    except BaseException:
+        for t in out:  # the ones already open are closed before the refusal
+            t.close()
+        raise
     return out

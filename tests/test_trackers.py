@@ -3,7 +3,9 @@ scalars under the same keys at the same steps, and the resolved scenario once.""
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 
 import pytest
 
@@ -35,3 +37,177 @@ def test_unknown_tracker_is_one_line_with_a_suggestion():
         ConfigError, match=r"^logging\.trackers: unknown tracker 'tensorbord' \(did you mean 'tensorboard'\?\)"
     ):
         load_scenario(None, ["logging.trackers=tensorbord"])
+
+
+def _scalars(line: dict) -> dict:
+    return {
+        k: v for k, v in line.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+SMALL = ["budget.iterations=3", "budget.queries_per_iteration=4", "logging.plot=false", "logging.keep_last=1"]
+
+
+def test_wandb_offline_run_holds_the_metrics_jsonl_record_and_the_scenario_once(tmp_path):
+    pytest.importorskip("wandb")
+    from tests._wandb_offline import segments
+
+    cfg = load_scenario(None, [*SMALL, "budget.iterations=2", "logging.trackers=[jsonl, wandb]"])
+    res = run_scenario(cfg, out_root=tmp_path, progress=False)
+    (seg,) = segments(res.run_dir)
+    assert seg["run_id"] == res.run_dir.name
+    lines = read_metrics(res.run_dir)
+    assert sorted(seg["history"]) == [m["global_phase"] for m in lines]
+    for m in lines:
+        row = seg["history"][m["global_phase"]]
+        got = {k: v for k, v in row.items() if not k.startswith("_")}  # W&B adds _step, _runtime, _timestamp
+        assert got.keys() == _scalars(m).keys()  # the same names, no second set
+        assert got == pytest.approx(_scalars(m), rel=1e-12)
+    assert seg["config"] == json.loads(json.dumps(cfg.to_dict()))  # hyperparameters: the resolved scenario, once
+
+
+def _crash_at_phase(monkeypatch, cfg, n: int):
+    method = type(cfg.method.build())
+    real, calls = method.phase, {"n": 0}
+
+    def crashing(self, ctx, st):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise RuntimeError("simulated crash")
+        return real(self, ctx, st)
+
+    monkeypatch.setattr(method, "phase", crashing)
+    return lambda: monkeypatch.setattr(method, "phase", real)
+
+
+def test_wandb_shows_each_phase_once_after_a_resume(tmp_path, monkeypatch):
+    """The crashed process ran phases 5-6 past its checkpoint (after phase 4); W&B cannot take a logged step
+    back, so those were never written to it.  The resumed segment continues the same run id from phase 5,
+    without the config again, and the two segments hold each phase once, as metrics.jsonl holds them."""
+    pytest.importorskip("wandb")
+    from tests._wandb_offline import segments
+
+    cfg = load_scenario(None, [*SMALL, "logging.checkpoint_every=4", "logging.trackers=[jsonl, wandb]"])
+    restore = _crash_at_phase(monkeypatch, cfg, 7)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_scenario(cfg, out_root=tmp_path, progress=False)
+    restore()
+    (run_dir,) = tmp_path.iterdir()
+    (first,) = segments(run_dir)
+    assert sorted(first["history"]) == [1, 2, 3, 4]
+    run_scenario(None, resume=run_dir, progress=False)
+    first, second = segments(run_dir)
+    assert first["run_id"] == second["run_id"] == run_dir.name
+    assert second["config"] == {}  # hyperparameters once, by the first segment
+    lines = read_metrics(run_dir)
+    assert sorted(first["history"]) + sorted(second["history"]) == [m["global_phase"] for m in lines]
+    merged = {**first["history"], **second["history"]}
+    for m in lines:
+        assert merged[m["global_phase"]]["budget/rollouts"] == m["budget/rollouts"]
+        assert merged[m["global_phase"]]["eval/value"] == pytest.approx(m["eval/value"], rel=1e-12)
+
+
+TRACKIO_CHILD = """
+import json, sys
+from pathlib import Path
+from rtpo.checkpoint import read_metrics
+from rtpo.config import load_scenario
+from rtpo.run import run_scenario
+from trackio.sqlite_storage import SQLiteStorage
+
+out = Path(sys.argv[1])
+cfg = load_scenario(None, sys.argv[2:])
+method = type(cfg.method.build())
+real, calls = method.phase, {"n": 0}
+def crashing(self, ctx, st):
+    calls["n"] += 1
+    if calls["n"] == 7:
+        raise RuntimeError("simulated crash")
+    return real(self, ctx, st)
+method.phase = crashing
+try:
+    run_scenario(cfg, out_root=out, progress=False)
+except RuntimeError:
+    pass
+method.phase = real
+(run_dir,) = out.iterdir()
+before = sorted(r["step"] for r in SQLiteStorage.get_logs("rtpo", run_dir.name))
+run_scenario(None, resume=run_dir, progress=False)
+logs = SQLiteStorage.get_logs("rtpo", run_dir.name)
+print(json.dumps({
+    "before": before,
+    "logs": [{k: v for k, v in r.items() if k != "timestamp"} for r in logs],
+    "config": SQLiteStorage.get_run_config("rtpo", run_dir.name),
+    "metrics": read_metrics(run_dir),
+    "scenario": cfg.to_dict(),
+    "run": run_dir.name,
+}))
+"""
+
+
+def test_trackio_local_store_holds_the_record_each_phase_once_after_a_resume(tmp_path):
+    """In a child process, so that trackio's store (TRACKIO_DIR, read when trackio is imported) is this
+    test's folder: a run crashes at phase 7 (checkpoint after phase 4) and is resumed; trackio's own
+    reader then gives each phase once with the metrics.jsonl values, and the scenario as the run's config."""
+    pytest.importorskip("trackio")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACKIO_")}
+    env.update(TRACKIO_DIR=str(tmp_path / "store"), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    argv = [*SMALL, "logging.checkpoint_every=4", "logging.trackers=[jsonl, trackio]"]
+    proc = subprocess.run(
+        [sys.executable, "-c", TRACKIO_CHILD, str(tmp_path / "runs"), *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["before"] == [1, 2, 3, 4]  # the crashed process wrote only what its checkpoint covers
+    lines = got["metrics"]
+    assert [r["step"] for r in got["logs"]] == [m["global_phase"] for m in lines]
+    for row, m in zip(got["logs"], lines):
+        values = {k: v for k, v in row.items() if k != "step"}
+        assert values == pytest.approx(_scalars(m), rel=1e-12)
+    config = {k: v for k, v in (got["config"] or {}).items() if not k.startswith("_")}
+    assert config == got["scenario"]  # the child sent it as JSON
+    assert (tmp_path / "runs" / got["run"] / "logs" / "trackio.log").is_file()  # trackio's prints, not the console
+    assert "Trackio" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "tracker, module", [("wandb", "wandb"), ("trackio", "trackio"), ("tensorboard", "torch.utils.tensorboard")]
+)
+def test_a_missing_tracker_library_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys, tracker, module):
+    from rtpo.cli import main
+
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    rc = main(
+        [
+            "run",
+            "budget.iterations=1",
+            "logging.plot=false",
+            f"logging.trackers=[jsonl, {tracker}]",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.count("\n") == 0
+    assert f"pip install 'rtpo[{tracker}]'" in err
+
+
+def test_trackio_refuses_to_upload(tmp_path, monkeypatch):
+    pytest.importorskip("trackio")
+    from rtpo.trackers import TrackerError
+
+    monkeypatch.setenv("TRACKIO_SPACE_ID", "someone/space")
+    cfg = load_scenario(None, ["budget.iterations=1", "logging.plot=false", "logging.trackers=[jsonl, trackio]"])
+    with pytest.raises(TrackerError, match=r"trackio writes locally only; TRACKIO_SPACE_ID"):
+        run_scenario(cfg, out_root=tmp_path, progress=False)

@@ -87,6 +87,7 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
                     "final_value": s.get("final_value"),
                     "reached_target": s.get("reached_target"),
                     "zero_advantage_rate": s.get("zero_advantage_rate_mean"),
+                    "zero_advantage_siblings": s.get("zero_advantage_rollout_share_mean"),
                     "rollout_train_ratio": s.get("rollout_train_ratio_mean"),
                     "max_abs_ratio_minus_1": _ratio_dev(o.curve),
                     "rollouts": s.get("rollouts"),
@@ -104,6 +105,7 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
             "normalised_gain",
             "final_value",
             "zero_advantage_rate",
+            "zero_advantage_siblings",
             "rollout_train_ratio",
             "max_abs_ratio_minus_1",
             "rollouts",
@@ -161,6 +163,7 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         "reached target",
         "wrong first action",
         "zero-adv rate",
+        "zero-adv siblings",
         "rollout/train ratio",
         "max abs(ratio−1)",
         "rollouts",
@@ -177,7 +180,8 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         f"{', '.join(f'{v}' for v in meta['budgets'].values())} {meta.get('budget_unit', 'rollouts')}; "
         f"{meta['seeds']} seeds; mean ± 95% t-interval over seeds.  gain = (V − V_uniform) / (V* − V_uniform) "
         "at the last evaluation (tabular); wrong first action = seeds whose final policy's most likely turn-0 "
-        "action is not optimal for most of the start-state mass.",
+        "action is not optimal for most of the start-state mass; zero-adv rate = share of advantage groups that "
+        "tie, zero-adv siblings = share of RTPO-family sibling rollouts in tied groups (the same for equal groups).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -192,6 +196,7 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
             f"{r['reached_target']}/{n_ok}",
             "–" if r.get("wrong_first_action") is None else f"{r['wrong_first_action']}/{n_ok}",
             _pm(r["zero_advantage_rate"]),
+            _pm(r["zero_advantage_siblings"]),
             _pm(r["rollout_train_ratio"], 4),
             _pm(r["max_abs_ratio_minus_1"], 4),
             _pm(r["rollouts"]),

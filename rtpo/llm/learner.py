@@ -18,6 +18,7 @@ the loss of the whole batch — the sharded update equals the one-process update
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import uuid
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
+from rtpo.core.loss import FlatBatch, LossConfig, policy_loss
 from rtpo.core.types import Ragged, TurnBatch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -356,14 +357,14 @@ class FSDPLearner:
 
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
         self._check(batch)
-        if loss.objective != "clipped":  # its micro-batches could split a REFUEL pair across ranks
-            raise ValueError(f"the llm learner trains the clipped objective only, got objective {loss.objective!r}")
         if loss.kl_coef > 0 and self.ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model: build the learner with kl_reference=True")
         return self._call("train_step", (batch, loss))
 
     def _do_train_step(self, payload: tuple[TurnBatch, LossConfig]) -> dict[str, float]:
-        """Implements Eq. 6 (§3.1) through rtpo.core.loss.clipped_policy_loss, split exactly over ranks.
+        """Implements Eq. 6 (§3.1) through rtpo.core.loss.policy_loss (the clipped surrogate, or REFUEL's
+        pair regression: a pair is one sequence, and sequences stay whole in a micro-batch), split
+        exactly over ranks.
 
         The batch loss is −(policy objective) + β·KL.  The policy part is a mean over sequences
         (or tokens, for token-mean aggregation) and the KL part a mean over tokens, so micro-batch m
@@ -375,14 +376,7 @@ class FSDPLearner:
         flat_all = FlatBatch.from_batch(batch)
         num_seqs, num_tokens = flat_all.num_seqs, batch.num_tokens
         use_kl = cfg.kl_coef > 0
-        no_kl = LossConfig(
-            clip_eps=cfg.clip_eps,
-            clip_eps_high=cfg.clip_eps_high,
-            ratio=cfg.ratio,
-            aggregation=cfg.aggregation,
-            log_ratio_clip=cfg.log_ratio_clip,
-            kl_coef=0.0,
-        )
+        no_kl = dataclasses.replace(cfg, kl_coef=0.0)
         sums: dict[str, float] = {}
         self.opt.zero_grad(set_to_none=True)
         micro = plan[self.rank]
@@ -403,11 +397,11 @@ class FSDPLearner:
             if use_kl:
                 with torch.no_grad():
                     ref = self._token_logp(self.ref_model, batch, rows)
-            policy_loss, metrics = clipped_policy_loss(logp, flat, no_kl)
-            total = pol_share * policy_loss
+            pol_loss, metrics = policy_loss(logp, flat, no_kl)
+            total = pol_share * pol_loss
             if use_kl:
-                full_loss, kl_metrics = clipped_policy_loss(logp, flat, cfg, ref)
-                total = total + tok_share * (full_loss - policy_loss)
+                full_loss, kl_metrics = policy_loss(logp, flat, cfg, ref)
+                total = total + tok_share * (full_loss - pol_loss)
                 metrics["loss/kl_ref"] = kl_metrics["loss/kl_ref"]
             (total * self.world_size).backward()  # FSDP averages gradients over ranks
             for key, v in metrics.items():

