@@ -221,7 +221,13 @@ def sample_and_score(
         for lo in range(0, ids.size, step):
             part = ids[lo : lo + step]
             trajs += rollout(env, sampler, env.reset(part, rng), part, rng, n=samples).trajectories
-    counters = {k: float(v) for k, v in env.pop_metrics().items()} if isinstance(env, ReportsMetrics) else None
+    # the environment's counts (deterministic for a seed); its wall-clock sums (time/...) are left out, so
+    # two evaluations of the same target give the same report
+    counters = (
+        {k: float(v) for k, v in env.pop_metrics().items() if not k.startswith("time/")}
+        if isinstance(env, ReportsMetrics)
+        else None
+    )
 
     def grid(values) -> np.ndarray:  # episodes are row-major: problem i's samples are rows i*n..i*n+n-1
         return np.asarray(values).reshape(ids.size, samples)

@@ -105,9 +105,13 @@ def _jsonable(v: Any) -> Any:
 
 def _save_checkpoint(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, prog: _Progress) -> None:
     ctx = built.ctx
+    between = prog.it_state is None and built.sampler_state_at_boundary is not None
+    # a learner that writes its own shards (the llm's FSDP learner: torch.distributed.checkpoint, each rank
+    # its shard) does so into the checkpoint folder; any other one is pickled with the rest
+    save = getattr(ctx.learner, "save_sharded", None)
     state = {
-        "learner": ctx.learner.state_dict(),
-        "sampler": built.sampler_state(),
+        "learner": checkpoint.ShardedLearner(save) if callable(save) else ctx.learner.state_dict(),
+        "sampler": built.sampler_state_at_boundary() if between else built.sampler_state(),
         "rng": ctx.rng.bit_generator.state,
         "budget": dataclasses.asdict(ctx.budget),
         "progress": {f.name: getattr(prog, f.name) for f in dataclasses.fields(prog)},

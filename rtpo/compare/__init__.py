@@ -2,7 +2,7 @@
 95% intervals over seeds, and plots.
 
     rtpo compare SCENARIO [--methods a,b:key=v,...] [--seeds N] [--sweep key=v1,v2,...]
-                 [--workers 2] [--out DIR] [key=value ...]
+                 [--tune key=v1,v2,... [--tune-seeds T]] [--workers 2] [--out DIR] [key=value ...]
 
 - A method spec is a registered name with optional `:key=value` settings of its Config
   (`grpo:normalize=false`, `rtpo:estimator=leave_one_out`); the spec is the row label.  A method
@@ -27,6 +27,10 @@
 - Tabular rows also give the normalised gain (V − V_uniform)/(V* − V_uniform) and how many seeds ended
   locked onto a wrong first action (eval/first_action_wrong > 1/2 at the last evaluation).
 - `--sweep key=v1,v2,...` repeats the whole comparison for each value (e.g. task.num_turns=3,4,5).
+- `--tune key=v1,v2,...` (e.g. train.lr=0.1,0.3,1.0) tunes per method (and sweep value): every candidate
+  runs on T tuning seeds scenario.seed + N..N+T−1, disjoint from the reported ones; each method is then
+  reported at its best candidate (mean value/V* over the tuning seeds), and the report prints every
+  candidate's score (rtpo.compare.tuning).  Best-vs-best instead of one shared setting.
 - Seeds are scenario.seed + 0..N−1.  Runs go to 2 worker processes (single-threaded torch each,
   forked where the platform allows) whenever more than one run is queued.
 
@@ -36,8 +40,8 @@ ratio.png (rollout/train ratio against rollouts), zero_adv_vs_G.png (zero-advant
 sweep.png (final value / V* against the swept key) and runs/ with every run folder.
 
 The package: jobs (specs, budgets, one validated Job per run), runner (runs them, in worker processes),
-tables (statistics over seeds and the markdown table), plots (the figures) and command (the CLI); every
-public name is importable from rtpo.compare itself.
+tuning (--tune's selection), tables (statistics over seeds and the markdown table), plots (the figures)
+and command (the CLI); every public name is importable from rtpo.compare itself.
 """
 
 from rtpo.cliutil import USAGE_ERROR

@@ -11,6 +11,7 @@ from rtpo.compare.jobs import build_jobs
 from rtpo.compare.plots import write_plots
 from rtpo.compare.runner import Outcome, _init_worker, run_all
 from rtpo.compare.tables import aggregate, settings_lines, table_markdown
+from rtpo.compare.tuning import Selection, Tune, reported_jobs_with, select, tuning_lines
 
 PROG = "rtpo compare"
 DEFAULT_METHODS = "rtpo,grpo,seeupo"
@@ -37,6 +38,14 @@ def _parser() -> OneLineParser:
     )
     p.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
     p.add_argument("--sweep", metavar="KEY=V1,V2,...", help="repeat the comparison for each value of KEY")
+    p.add_argument(
+        "--tune",
+        metavar="KEY=V1,V2,...",
+        help="tune KEY per method on separate tuning seeds, then report each method at its best value",
+    )
+    p.add_argument(
+        "--tune-seeds", type=int, default=2, help="tuning seeds per candidate, after the reported ones (default 2)"
+    )
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--out", default="runs", help="folder that receives the comparison folder (default runs)")
     add_plugin_option(p)
@@ -69,7 +78,11 @@ def main(argv: list[str]) -> int:
     try:
         raw_stem = Path(scenario).stem if scenario else "default"
         out = Path(ns.out) / f"compare-{raw_stem}-{stamp}"
-        jobs, meta = build_jobs(scenario, specs, ns.seeds, args, sweep, out, plugins=ns.plugin)
+        tune = Tune.parse(ns.tune, ns.tune_seeds) if ns.tune else None
+        if tune is None:
+            jobs, meta = build_jobs(scenario, specs, ns.seeds, args, sweep, out, plugins=ns.plugin)
+        else:
+            jobs, meta = _tune(scenario, specs, ns, args, sweep, out, tune)
     except ConfigError as e:
         return fail(PROG, str(e))
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +91,7 @@ def main(argv: list[str]) -> int:
             "command": "rtpo compare " + " ".join(argv),
             "seeds": ns.seeds,
             "sweep_key": sweep[0] if sweep else None,
-            "order": list(dict.fromkeys((j.sweep, j.label) for j in jobs)),
+            "order": meta.get("order") or list(dict.fromkeys((j.sweep, j.label) for j in jobs)),
         }
     )
     print(
@@ -114,3 +127,61 @@ def main(argv: list[str]) -> int:
     print((out / "comparison.md").read_text())
     print(f"rtpo compare: done in {time.perf_counter() - t0:.0f} s; {out}")
     return 1 if any(o.error for o in outcomes) else 0
+
+
+def _tune(scenario, specs: list[str], ns, args: list[str], sweep, out: Path, tune: Tune) -> tuple[list, dict]:
+    """--tune (rtpo.compare.tuning): run every candidate of the tuned specs on the tuning seeds, pick
+    each (sweep value, spec)'s best, and return the reported jobs (chosen values; untuned specs as
+    given) with the selection in meta."""
+    from rtpo.config import ConfigError
+
+    tuned = [s for s in specs if tune.applies_to(s)]
+    if not tuned:
+        raise ConfigError(f"--tune {tune.key}: applies to none of the compared methods")
+    untuned = [s for s in specs if s not in tuned]
+    opts = {"plugins": ns.plugin}
+    tuning: dict[str, list] = {}
+    reported: dict[str, list] = {}
+    meta: dict = {}
+    for v in tune.values:
+        ov = [*args, f"{tune.key}={v}"]
+        tuning[v], _ = build_jobs(
+            scenario, tuned, tune.seeds, ov, sweep, out / "tuning" / f"{tune.key}={v}", seed_offset=ns.seeds, **opts
+        )
+        reported[v], m = build_jobs(scenario, tuned, ns.seeds, ov, sweep, out, **opts)
+        meta = meta or m
+    fixed, m = build_jobs(scenario, untuned, ns.seeds, args, sweep, out, **opts) if untuned else ([], meta)
+    meta = {**m, **meta} if untuned else meta
+    all_tuning = [j for v in tune.values for j in tuning[v]]
+    print(
+        f"rtpo compare --tune {tune.key}: {len(all_tuning)} tuning runs ({len(tuned)} methods × "
+        f"{len(tune.values)} values × {tune.seeds} tuning seeds"
+        + (f" × {len(sweep[1])} values of {sweep[0]}" if sweep else "")
+        + ")",
+        flush=True,
+    )
+    done = run_all(all_tuning, ns.workers, lambda outs: None)
+    root_of = {j.out_root: v for v in tune.values for j in tuning[v]}  # each candidate has its own folder
+    by_value: dict[str, list] = {v: [] for v in tune.values}
+    for o in done:
+        by_value[root_of[o.job.out_root]].append(o)
+    selections = select(tune, by_value)
+    points = [None] if sweep is None else list(sweep[1])
+    order = [(p, s.strip()) for p in points for s in specs]
+    sels_all = [selections.get(k) or Selection(k[0], k[1]) for k in order]
+    reported_seeds = [int(j.seed) for j in (reported[tune.values[0]] or fixed)]
+    lines = tuning_lines(tune, sels_all, sorted(set(reported_seeds)), sweep[0] if sweep else None)
+    for line in lines:
+        print("  " + line, flush=True)
+    jobs = reported_jobs_with(reported, fixed, selections)
+    rank = {k: i for i, k in enumerate(order)}
+    jobs.sort(key=lambda j: (rank[(j.sweep, j.label)], j.seed))
+    meta["order"] = order
+    meta["tuning"] = {
+        "key": tune.key,
+        "values": list(tune.values),
+        "seeds": tune.seeds,
+        "selections": [s.as_dict() for s in sels_all],
+    }
+    meta["tuning_lines"] = lines
+    return jobs, meta

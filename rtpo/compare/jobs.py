@@ -87,9 +87,11 @@ def build_jobs(
     sweep: tuple[str, list[str]] | None,
     out_root: Path,
     plugins: list[str] | tuple[str, ...] = (),
+    seed_offset: int = 0,
 ) -> tuple[list[Job], dict]:
     """Every (sweep value, method, seed) run, each config validated before anything runs.  `plugins`
-    (--plugin) join the scenario's own `plugins` list, so every run's config.yaml records them."""
+    (--plugin) join the scenario's own `plugins` list, so every run's config.yaml records them.  Seeds
+    are scenario.seed + seed_offset + 0..seeds−1 (--tune's tuning seeds start after the reported ones)."""
     from rtpo.backends import get_backend
     from rtpo.config import ConfigError, apply_override, parse_scenario
 
@@ -153,7 +155,7 @@ def build_jobs(
             data["logging"] = {**(data.get("logging") or {}), "progress": False, "plot": False}
             for i in range(seeds):
                 d = copy.deepcopy(data)
-                d["seed"] = int(raw.get("seed", 0)) + i
+                d["seed"] = int(raw.get("seed", 0)) + seed_offset + i
                 try:
                     cfg = parse_scenario(d)
                 except ConfigError as e:

@@ -215,6 +215,8 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
         per = ", ".join(f"{k}: {v:.0f}" for k, v in r.get("samples_per_turn", {}).items())
         lines.append(f"- {r['method']}{where}: {per or '–'}")
     lines += ["", "Method settings, resolved (what each row ran):", "", *settings_lines(rows)]
+    if meta.get("tuning_lines"):
+        lines += ["", *meta["tuning_lines"]]
     unit = meta.get("budget_unit", "rollouts")
     over = [
         (r["method"], r["sweep"], r[unit]["mean"])

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from rtpo.core.protocols import ReportsMetrics
 from rtpo.core.rollout import RolloutResult
 from rtpo.core.types import Generation, Ragged
 from rtpo.distributed.actors import Faulty, PullPool
@@ -74,10 +75,18 @@ class RolloutWorker(Faulty):
         self.version = version
         return time.perf_counter() - t0
 
-    def run(self, version: int, ref_box: list, chunk: Chunk) -> RolloutResult:
+    def run(self, version: int, ref_box: list, chunk: Chunk) -> tuple[RolloutResult, dict[str, float]]:
+        """The chunk's result and the environment's counters it added (tool calls, answers, time/ sums).
+
+        The counters travel with the result they belong to, so a chunk lost with a dead actor and run
+        again is counted once, and only by the run whose result the driver keeps."""
         self._task_started()
         self.sync(version, ref_box)
-        return run_chunk(self.env, self.sampler, chunk)
+        if isinstance(self.env, ReportsMetrics):
+            self.env.pop_metrics()  # counters of anything before this chunk (e.g. a sync-time probe)
+        result = run_chunk(self.env, self.sampler, chunk)
+        counters = self.env.pop_metrics() if isinstance(self.env, ReportsMetrics) else {}
+        return result, {k: float(v) for k, v in counters.items()}
 
     def generate(
         self, version: int, ref_box: list, contexts: Ragged, turn: np.ndarray, n: int, seed: int
@@ -141,9 +150,14 @@ class RayRolloutPool(PullPool):
     def run_chunks(self, chunks: Sequence[Chunk]) -> list[RolloutResult]:
         t0 = time.perf_counter()
         version, box = self.version, self._box
-        out = self._map(len(chunks), lambda w, c: w.run.remote(version, box, chunks[c]))
+        done = self._map(len(chunks), lambda w, c: w.run.remote(version, box, chunks[c]))
+        for _, counters in done:
+            # the workers' environment counters, summed, under the names the in-process env logs them:
+            # env/<key>, and the wall-clock sums time/<key> (summed over workers that ran in parallel)
+            for k, v in counters.items():
+                self._add(k if k.startswith("time/") else f"env/{k}", v)
         self._add("ray/rollout_s", time.perf_counter() - t0)
-        return out
+        return [r for r, _ in done]
 
     def generate(self, contexts: Ragged, turn: np.ndarray, n: int, seed: int) -> Generation:
         return self._ray.get(self.workers[0].generate.remote(self.version, self._box, contexts, turn, n, seed))

