@@ -81,3 +81,14 @@ def test_bad_actions_and_snapshots():
         env.restore((2, 0, 0, False))  # state 0 is a turn-0 state
     with pytest.raises(TypeError, match="TurnMDP"):
         TurnMDPEnv("not an mdp")
+
+
+def test_the_docs_example_runs():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text()
+    block = re.search(r"## A Gymnasium environment.*?```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(block, "docs/python-api.md", "exec"), namespace)
+    assert namespace["env"].snapshot() == namespace["snap"]
