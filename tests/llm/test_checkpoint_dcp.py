@@ -48,6 +48,9 @@ SMALL = [
 ]
 
 
+MODELS: list[Path] = []  # one model cache for the module: every run starts from the same model folder
+
+
 def _args(tmp: Path, iterations: int, extra=()) -> list[str]:
     return [
         "run",
@@ -55,7 +58,7 @@ def _args(tmp: Path, iterations: int, extra=()) -> list[str]:
         *SMALL,
         *extra,
         f"budget.iterations={iterations}",
-        f"backend.model_cache={tmp.parent / 'models'}",
+        f"backend.model_cache={MODELS[0] if MODELS else tmp.parent / 'models'}",
         "--out",
         str(tmp),
         "--no-progress",
@@ -89,6 +92,7 @@ def _same_weights(a: dict, b: dict) -> bool:
 def runs(tmp_path_factory) -> dict[str, Path]:
     """An unbroken 2-iteration run, and a 1-iteration run of the same scenario."""
     root = tmp_path_factory.mktemp("dcp")
+    MODELS[:] = [root / "models"]
     out = {}
     for name, iterations in (("two", 2), ("one", 1)):
         assert cli.main(_args(root / name, iterations)) == 0
