@@ -28,6 +28,10 @@ class BuiltBackend:
     evaluate:           () -> metrics of the learner's current policy (tabular: exact value, V*, ratio).
     sampler_state:      () -> picklable sampler weights (they may lag the learner's between syncs).
     load_sampler_state: restores what sampler_state returned.
+    sampler_state_at_boundary: optional () -> what to checkpoint for the sampler between iterations, where
+                        every method's `begin` pushes the learner's weights first (Algorithm 1 step 2.1), so
+                        the weights the sampler holds are never used again (llm: a marker, not a second copy
+                        of the weights; the restored sampler refuses to sample before that push).
     num_queries:        size of the query set (ids cycle through it); None = unbounded ids.
     value_key:          the evaluate() metric that is the policy's value (plotted, summarised).
     optimum_key:        the evaluate() metric holding the exact optimum, if the backend knows one.
@@ -40,6 +44,7 @@ class BuiltBackend:
     evaluate: Callable[[], dict[str, float]]
     sampler_state: Callable[[], Any]
     load_sampler_state: Callable[[Any], None]
+    sampler_state_at_boundary: Callable[[], Any] | None = None
     num_queries: int | None = None
     value_key: str = "eval/value"
     optimum_key: str | None = None

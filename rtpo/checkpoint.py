@@ -11,6 +11,14 @@ read and write through the functions here.
         iter_3_phase_2/...      mid-iteration: iteration 4 with 2 of its phases done (only the newest is kept)
     hf/iter_3/                  llm runs with logging.hf_export_every: the policy as a Hugging Face folder
 
+An llm run's learner writes its model and optimiser state itself, with torch.distributed.checkpoint (DCP):
+every rank its own shard, no full gather, tied weights once, into `iter_3/learner-<k>/` (`.metadata`
+plus one `__<rank>_0.distcp` per rank); state.ckpt beside it holds the rest (sampler, rng, budget,
+progress) and the shard files' names and sizes, and is written only after every shard is on disk.  A
+re-save of the same position writes a new `learner-<k+1>/` and drops the older one after state.ckpt
+names the new one, so a kill at any point leaves state.ckpt naming complete shards.  Other learners
+(tabular, the Ray trainer group) keep their state pickled inside state.ckpt.
+
 A checkpoint folder is complete before `latest` names it, and older folders are pruned only after, so a
 process killed at any point leaves `latest` naming a loadable checkpoint.  Runs written before the
 history (a single `checkpoint.pkl` in the run folder) still resume and evaluate.
@@ -34,6 +42,8 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +60,9 @@ SUMMARY = "summary.md"
 SUMMARY_JSON = "summary.json"
 CURVE = "learning_curve.png"
 HF_DIR = "hf"  # RUN/hf/iter_N: Hugging Face folders written during the run (logging.hf_export_every)
+LEARNER_PREFIX = "learner-"  # ckpt/<name>/learner-<k>/: a learner's own sharded state (DCP)
+DCP_FORMAT = "torch-dcp"
+DCP_METADATA = ".metadata"
 VERSION = 2
 _MAGIC = b"RTPO-CHECKPOINT "
 _STATE_KEYS = ("version", "learner", "sampler", "rng", "budget", "progress")
@@ -106,10 +119,95 @@ def _position(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), 0 if m.group(2) is None else int(m.group(2)) + 1)
 
 
+@dataclass(frozen=True)
+class ShardedLearner:
+    """state["learner"] for write_checkpoint from a learner that writes its own shards:
+    save(folder) -> {"dir": the folder holding them, "steps", "tied", "world_size", "config"}
+    (rtpo.llm.learner.FSDPLearner.save_sharded)."""
+
+    save: Callable[[Path], dict]
+
+
+def is_sharded(learner: Any) -> bool:
+    """Whether a checkpoint's learner state is a sharded (DCP) one rather than pickled tensors."""
+    return isinstance(learner, dict) and learner.get("format") == DCP_FORMAT
+
+
+def _learner_dirs(folder: Path) -> list[Path]:
+    return sorted(
+        (p for p in folder.glob(LEARNER_PREFIX + "*") if p.name[len(LEARNER_PREFIX) :].isdigit()),
+        key=lambda p: int(p.name[len(LEARNER_PREFIX) :]),
+    )
+
+
+def _fresh_learner_dir(folder: Path) -> Path:
+    have = _learner_dirs(folder)
+    return folder / f"{LEARNER_PREFIX}{int(have[-1].name[len(LEARNER_PREFIX) :]) + 1 if have else 1}"
+
+
+def _fsync_files(folder: Path) -> dict[str, int]:
+    """fsync every file of `folder` and the folder; returns {name: bytes}."""
+    files = {}
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+            files[p.name] = p.stat().st_size
+    _fsync_dir(folder)
+    return files
+
+
+def _sharded_entry(folder: Path, info: dict) -> dict:
+    where = Path(info["dir"])
+    if where.parent.resolve() != folder.resolve() or not (where / DCP_METADATA).is_file():
+        raise RuntimeError(f"the learner wrote no complete sharded state into {folder} (got {where})")
+    return {
+        "format": DCP_FORMAT,
+        "dir": where.name,
+        "files": _fsync_files(where),
+        **{k: info[k] for k in ("steps", "tied", "world_size", "config")},
+    }
+
+
+def _copy_sharded(folder: Path, learner: dict) -> dict:
+    """The sharded state read from another checkpoint folder (a --resume --iter fork), linked or copied
+    into `folder`."""
+    src, dst = Path(learner["path"]), _fresh_learner_dir(folder)
+    dst.mkdir()
+    for name in learner["files"]:
+        try:
+            os.link(src / name, dst / name)  # the shards are never rewritten in place: sharing is safe
+        except OSError:
+            shutil.copy2(src / name, dst / name)
+    entry = {k: v for k, v in learner.items() if k != "path"}
+    entry["dir"], entry["files"] = dst.name, _fsync_files(dst)
+    return entry
+
+
 def _encode(cfg: ScenarioConfig, state: dict[str, Any]) -> bytes:
     payload = pickle.dumps({"version": VERSION, **state}, protocol=pickle.HIGHEST_PROTOCOL)
     header = {"fingerprint": fingerprint(cfg), "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}
+    learner = state.get("learner")
+    if is_sharded(learner):
+        header["learner"] = learner["dir"]  # readable without unpickling (discard_uncommitted)
     return _MAGIC + f"{VERSION}\n".encode() + json.dumps(header).encode() + b"\n" + payload
+
+
+def _header(path: Path) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(_MAGIC)) != _MAGIC:
+                return None
+            f.readline(16)
+            return json.loads(f.readline(4096).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _drop_learner_dirs(folder: Path, keep: str | None) -> None:
+    for p in _learner_dirs(folder):
+        if p.name != keep:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def write_checkpoint(
@@ -125,7 +223,14 @@ def write_checkpoint(
     root = run_dir / CKPT_DIR
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
+    state = dict(state)
+    learner = state.get("learner")
+    if isinstance(learner, ShardedLearner):  # every rank writes its shard into a folder nothing names yet
+        state["learner"] = _sharded_entry(folder, learner.save(_fresh_learner_dir(folder)))
+    elif is_sharded(learner) and "path" in learner:  # a verified state of another folder (a fork)
+        state["learner"] = _copy_sharded(folder, learner)
     atomic_write_bytes(folder / STATE, _encode(cfg, state))  # re-saving a position replaces the file atomically
+    _drop_learner_dirs(folder, state["learner"]["dir"] if is_sharded(state["learner"]) else None)
     _fsync_dir(root)
     atomic_write_text(root / LATEST, name + "\n")
     if not (run_dir / CHECKPOINT_ID).exists():
@@ -159,6 +264,9 @@ def discard_uncommitted(run_dir: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
         elif p.is_dir() and pos is not None:
             (p / (STATE + ".tmp")).unlink(missing_ok=True)
+            header = _header(p / STATE)
+            if header is not None:  # shards of a re-save killed before its state.ckpt named them
+                _drop_learner_dirs(p, header.get("learner"))
     (root / (LATEST + ".tmp")).unlink(missing_ok=True)
     hf = Path(run_dir) / HF_DIR
     for p in hf.glob(".*.tmp-*") if hf.is_dir() else ():  # an export killed before its rename
@@ -266,6 +374,17 @@ def read_checkpoint(path: Path, cfg: ScenarioConfig | None = None) -> dict[str, 
         raise ConfigError(f"{where}: unreadable checkpoint state ({type(e).__name__})") from None
     if not isinstance(state, dict) or any(k not in state for k in _STATE_KEYS) or state["version"] != VERSION:
         raise ConfigError(f"{where}: checkpoint state is incomplete")
+    learner = state["learner"]
+    if is_sharded(learner):
+        shards = Path(path).parent / str(learner["dir"])
+        for name, size in learner["files"].items():
+            got = (shards / name).stat().st_size if (shards / name).is_file() else None
+            if got != size:
+                raise ConfigError(
+                    f"{where}: its sharded learner state {learner['dir']}/{name} is "
+                    + ("missing" if got is None else f"{got} bytes, the checkpoint says {size}")
+                )
+        state["learner"] = {**learner, "path": str(shards)}
     return state
 
 
@@ -306,9 +425,29 @@ def model_weights(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     """The policy's full model state dict (HF names) held by checkpoint `path` whose verified state is
     `state` (read_checkpoint): what `rtpo export` writes.  A one-line error when it holds none."""
     learner = state.get("learner")
+    if is_sharded(learner):
+        return _sharded_model_weights(learner)
     if isinstance(learner, dict) and isinstance(learner.get("model"), dict) and learner["model"]:
         return learner["model"]
     raise ConfigError(f"{path}: the checkpoint holds no model weights (its learner state has no 'model')")
+
+
+def _sharded_model_weights(learner: dict) -> dict[str, Any]:
+    """Full model tensors from a verified sharded learner state, in this process alone (no process
+    group): DCP reassembles every rank's shards; the tied keys left out get their kept key's tensor."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(learner["path"]).read_metadata()
+    weights = {
+        fqn.removeprefix("model."): torch.empty(tuple(m.size), dtype=m.properties.dtype)
+        for fqn, m in meta.state_dict_metadata.items()
+        if fqn.startswith("model.") and hasattr(m, "size") and hasattr(m, "properties")
+    }
+    dcp.load({"model": weights}, checkpoint_id=learner["path"], no_dist=True)
+    for key, kept in learner["tied"].items():
+        weights[key] = weights[kept]
+    return weights
 
 
 def read_metrics(run_dir: Path, limit: int | None = None) -> list[dict]:

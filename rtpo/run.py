@@ -13,6 +13,7 @@ the method registry, and the runner only calls `begin`/`phase` and checkpoints b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -46,11 +47,13 @@ from rtpo.trackers import open_trackers
 
 @dataclass
 class RunResult:
-    """run_dir: the run folder; metrics: every metrics.jsonl line; summary: what summary.md shows."""
+    """run_dir: the run folder (None for an in-memory run); metrics: every metrics.jsonl line; summary:
+    what summary.md shows."""
 
-    run_dir: Path
+    run_dir: Path | None
     metrics: list[dict]
     summary: dict
+    learner: Any = None  # the trained learner (rtpo.train returns it)
 
 
 @dataclass
@@ -102,9 +105,13 @@ def _jsonable(v: Any) -> Any:
 
 def _save_checkpoint(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, prog: _Progress) -> None:
     ctx = built.ctx
+    between = prog.it_state is None and built.sampler_state_at_boundary is not None
+    # a learner that writes its own shards (the llm's FSDP learner: torch.distributed.checkpoint, each rank
+    # its shard) does so into the checkpoint folder; any other one is pickled with the rest
+    save = getattr(ctx.learner, "save_sharded", None)
     state = {
-        "learner": ctx.learner.state_dict(),
-        "sampler": built.sampler_state(),
+        "learner": checkpoint.ShardedLearner(save) if callable(save) else ctx.learner.state_dict(),
+        "sampler": built.sampler_state_at_boundary() if between else built.sampler_state(),
         "rng": ctx.rng.bit_generator.state,
         "budget": dataclasses.asdict(ctx.budget),
         "progress": {f.name: getattr(prog, f.name) for f in dataclasses.fields(prog)},
@@ -148,7 +155,8 @@ class _Console:
         self.mode = "off"
         if not enabled:
             return
-        print(f"run folder: {run_dir}", flush=True)
+        if run_dir is not None:
+            print(f"run folder: {run_dir}", flush=True)
         self.mode = "tty" if sys.stdout.isatty() else "lines"
         if self.mode == "tty":
             from rich.console import Console
@@ -323,6 +331,23 @@ def _export_hf(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, prog: _P
     get_backend(cfg.backend.kind).export(cfg, built.ctx.learner.weights(), out, manifest)
 
 
+def run_in_memory(cfg: ScenarioConfig, built: BuiltBackend | None = None, progress: bool = False) -> RunResult:
+    """Run a scenario with nothing written: no run folder, metrics file, checkpoint, export, plot or tracker
+    output (rtpo.train's default).  The phases, metrics and summary are those of `run_scenario`.
+    `built` is a backend built already (rtpo.train on your own TurnMDP); None builds the scenario's."""
+    if built is None:
+        built = get_backend(cfg.backend.kind).build(cfg)
+        if cfg.backend.distributed != "none":
+            from rtpo.distributed import distribute
+
+            built = distribute(built, cfg, cfg.backend.distributed, cfg.resources, cfg.backend.address)
+    try:
+        return _run_loop(cfg, built, None, None, progress)
+    finally:
+        if isinstance(built.ctx, Closeable):
+            built.ctx.shutdown()
+
+
 def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root: Path) -> Path:
     """A new run folder that starts as run `src` stood after `iteration` iterations: its config (with
     the resume's overrides), the metric lines up to there, its fingerprint and that checkpoint."""
@@ -340,8 +365,13 @@ def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root:
     return run_dir
 
 
-def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: dict | None, progress: bool) -> RunResult:
+def _run_loop(
+    cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path | None, state: dict | None, progress: bool
+) -> RunResult:
     """Run phases until the budget is spent; checkpoint between phases.
+
+    run_dir=None is the in-memory run of `rtpo.train`: the same phases, metrics and summary, and nothing
+    written (no metrics file, trackers, checkpoints, exports, plot or summary files).
 
     Budget rule: `budget.max_rollouts` (and `budget.max_tokens`) is checked only at iteration boundaries,
     before `begin`;
@@ -368,7 +398,9 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
         truncate_metrics(run_dir, prog.metric_lines)
     else:
         prog = _Progress()
-        atomic_write_text(run_dir / METRICS, "")
+        if run_dir is not None:
+            atomic_write_text(run_dir / METRICS, "")
+    in_memory: list[dict] = []  # the metric lines of an in-memory run (run_dir None)
 
     budget_cfg = cfg.budget
 
@@ -387,11 +419,11 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
     interrupt = _SafeInterrupt()
     last_eval: dict[str, float] = {}
     # a resumed run's trackers start after the checkpoint: what they got from phases past it is replaced
-    trackers = open_trackers(
-        [t for t in cfg.logging.trackers if t != "jsonl"], run_dir, cfg.to_dict(), first_step=prog.global_phase + 1
-    )
+    extra_trackers = [t for t in cfg.logging.trackers if t != "jsonl"] if run_dir is not None else []
+    trackers = open_trackers(extra_trackers, run_dir, cfg.to_dict(), first_step=prog.global_phase + 1)
     try:
-        with interrupt, open(run_dir / METRICS, "a") as metrics_file:
+        sink = open(run_dir / METRICS, "a") if run_dir is not None else contextlib.nullcontext()
+        with interrupt, sink as metrics_file:
             while prog.stopped_by is None:
                 if prog.it_state is None:
                     if prog.iteration >= budget_cfg.iterations:
@@ -432,19 +464,23 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
                     "time/elapsed_s": prog.elapsed_s + time.perf_counter() - start,
                 }
                 line = {k: _jsonable(v) for k, v in record.items()}
-                metrics_file.write(json.dumps(line) + "\n")
-                metrics_file.flush()
-                os.fsync(metrics_file.fileno())
+                if metrics_file is None:
+                    in_memory.append(line)
+                else:
+                    metrics_file.write(json.dumps(line) + "\n")
+                    metrics_file.flush()
+                    os.fsync(metrics_file.fileno())
                 prog.metric_lines += 1
                 for t in trackers:  # the same record, the same keys
                     t.log(line, prog.global_phase)
                 if iter_done:
                     prog.it_state, prog.iteration = None, prog.iteration + 1
                     every = cfg.logging.hf_export_every
-                    if every is not None and (last or prog.iteration % every == 0):
+                    if every is not None and run_dir is not None and (last or prog.iteration % every == 0):
                         _export_hf(run_dir, cfg, built, prog)
                 # the elapsed time so far belongs to the checkpoint, so a resumed run's clock continues
-                if last or interrupt.requested or prog.global_phase % cfg.logging.checkpoint_every == 0:
+                checkpoint_due = last or interrupt.requested or prog.global_phase % cfg.logging.checkpoint_every == 0
+                if checkpoint_due and run_dir is not None:
                     saved_elapsed = prog.elapsed_s
                     prog.elapsed_s = saved_elapsed + time.perf_counter() - start
                     prog.method_state = method.state_dict()
@@ -466,10 +502,13 @@ def _run_loop(cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path, state: di
             t.close()
     prog.elapsed_s += time.perf_counter() - start
     prog.method_state = method.state_dict()
-    _save_checkpoint(run_dir, cfg, built, prog)
-    metrics = read_metrics(run_dir)
+    if run_dir is None:
+        metrics = in_memory
+    else:
+        _save_checkpoint(run_dir, cfg, built, prog)
+        metrics = read_metrics(run_dir)
     summary = _finish(run_dir, cfg, built, metrics, prog)
-    return RunResult(run_dir=run_dir, metrics=metrics, summary=summary)
+    return RunResult(run_dir=run_dir, metrics=metrics, summary=summary, learner=ctx.learner)
 
 
 def _ratio(ev: dict, built: BuiltBackend) -> float | None:
@@ -479,7 +518,9 @@ def _ratio(ev: dict, built: BuiltBackend) -> float | None:
     return ev[built.value_key] / opt if opt else None
 
 
-def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: list[dict], prog: _Progress) -> dict:
+def _finish(
+    run_dir: Path | None, cfg: ScenarioConfig, built: BuiltBackend, metrics: list[dict], prog: _Progress
+) -> dict:
     evals = [m for m in metrics if built.value_key in m]
     final = evals[-1] if evals else built.evaluate()
     value = final.get(built.value_key)
@@ -489,7 +530,7 @@ def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: li
         "scenario": cfg.name,
         "method": cfg.method.name,
         "seed": cfg.seed,
-        "run_dir": str(run_dir),
+        "run_dir": None if run_dir is None else str(run_dir),
         "iterations_done": prog.iteration,
         "phases_done": prog.global_phase,
         "stopped_by": prog.stopped_by,
@@ -512,6 +553,9 @@ def _finish(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, metrics: li
         k: final[k] for k in ((built.optimum_key,) if built.optimum_key else ()) + built.reference_keys if k in final
     }
     plot = None
+    if run_dir is None:
+        summary["plot"] = None
+        return summary  # in memory: nothing written
     if cfg.logging.plot:
         from rtpo.plots import learning_curve
 

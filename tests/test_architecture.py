@@ -55,7 +55,11 @@ def _imports(name: str, path: Path) -> set[str]:
                 base = ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else []))
             else:
                 base = node.module or ""
-            found.add(base)
+            # `from pkg import submodule` is `import pkg.submodule` (which the Import branch above counts
+            # as the submodule alone); the package itself only when a name is not a submodule of it
+            subs = {a.name for a in node.names if f"{base}.{a.name}" in MODULES}
+            if len(subs) < len(node.names):
+                found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names)
     out = set()
     for target in found:

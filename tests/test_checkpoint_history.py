@@ -107,6 +107,7 @@ KILL_POINTS = {
 }
 
 
+@pytest.mark.slow  # 9 subprocess runs killed mid-checkpoint: 45 s together
 @pytest.mark.parametrize(
     "point,every,n",
     [

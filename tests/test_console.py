@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rtpo.checkpoint import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +53,7 @@ def test_redirected_stdout_gets_one_line_per_phase_while_the_run_goes_on(tmp_pat
     assert lines[1].startswith("it 1/40 phase 0 (turn 3) value/opt ") and " eta " in lines[1]
 
 
+@pytest.mark.slow  # a subprocess training interrupted by SIGINT: 48-100 s
 def test_ctrl_c_stops_at_a_phase_boundary_and_prints_the_resume_command(tmp_path):
     proc = subprocess.Popen(
         [

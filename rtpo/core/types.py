@@ -85,7 +85,22 @@ class Ragged:
         """Equal-length rows (B, L) -> Ragged without a Python loop."""
         rows = np.asarray(rows)
         b, length = rows.shape
-        return Ragged._owned(rows.reshape(-1).copy(), np.arange(b + 1, dtype=np.int64) * length)
+        return Ragged._owned(rows.reshape(-1).copy(), np.arange(b + 1, dtype=np.int64) * length)._with_width(length)
+
+    def _with_width(self, width: int) -> Ragged:
+        """Records that every row has `width` values (known from how the arrays were built), so that
+        take, is_uniform and concat need not recompute the row lengths."""
+        object.__setattr__(self, "_width", int(width))
+        return self
+
+    def _uniform_width(self) -> int | None:
+        """The common row length, or None when rows differ (computed once, then remembered)."""
+        w = self.__dict__.get("_width")
+        if w is None:
+            lengths = np.diff(self.offsets)
+            w = int(lengths[0]) if lengths.size and np.all(lengths == lengths[0]) else -1
+            object.__setattr__(self, "_width", w)
+        return None if w < 0 else w
 
     def __len__(self) -> int:
         return self.offsets.size - 1
@@ -115,6 +130,10 @@ class Ragged:
     def take(self, idx: np.ndarray) -> Ragged:
         """Rows idx (any order, repeats allowed), vectorised."""
         idx = np.asarray(idx, dtype=np.int64)
+        width = self._uniform_width()
+        if width and len(self):  # equal non-empty rows: a gather of (rows, width) blocks
+            values = self.values.reshape(-1, width)[idx].reshape(-1)
+            return Ragged._owned(values, np.arange(idx.size + 1, dtype=np.int64) * width)._with_width(width)
         lengths = self.lengths[idx]
         offsets = np.zeros(idx.size + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -127,7 +146,7 @@ class Ragged:
         return Ragged._owned(self.values[src], offsets)
 
     def is_uniform(self, length: int) -> bool:
-        return bool(np.all(self.lengths == length))
+        return len(self) == 0 or self._uniform_width() == length
 
     def to_dense(self, pad: float | int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(B, L_max) padded values and (B, L_max) bool mask."""
@@ -149,7 +168,11 @@ class Ragged:
         for p in parts[1:]:
             offs.append(p.offsets[1:] + base)
             base += p.offsets[-1]
-        return Ragged._owned(values, np.concatenate(offs))  # valid parts concatenate to a valid Ragged
+        out = Ragged._owned(values, np.concatenate(offs))  # valid parts concatenate to a valid Ragged
+        widths = {p.__dict__.get("_width") for p in parts if len(p)}
+        if len(widths) == 1 and None not in widths and -1 not in widths:
+            out._with_width(widths.pop())
+        return out
 
 
 @dataclass(frozen=True)

@@ -91,5 +91,10 @@ def distribute(
             ctx.sampler.load_weights(weights)
 
     return dataclasses.replace(
-        built, ctx=ctx, evaluate=evaluate, sampler_state=sampler_state, load_sampler_state=load_sampler_state
+        built,
+        ctx=ctx,
+        evaluate=evaluate,
+        sampler_state=sampler_state,
+        load_sampler_state=load_sampler_state,
+        sampler_state_at_boundary=None,  # the workers' weights are checkpointed as they are
     )

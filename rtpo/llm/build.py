@@ -295,8 +295,10 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     return BuiltBackend(
         ctx=ctx,
         evaluate=evaluate,
-        sampler_state=lambda: sampler.current,
-        load_sampler_state=lambda w: sampler.load_weights(w) if w is not None else None,
+        sampler_state=sampler.state,
+        load_sampler_state=sampler.load_state,
+        # between iterations the checkpoint keeps no second copy of the weights: begin() pushes them anyway
+        sampler_state_at_boundary=lambda: TrackedSampler.RESYNC,
         num_queries=side.num_queries,
         value_key="eval/value",
         sampled_eval=sampled,

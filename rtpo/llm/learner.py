@@ -463,10 +463,88 @@ class FSDPLearner:
             {"model": model_sd, "optim": optim_sd, "ref": None, "steps": self.steps, "config": asdict(self.cfg)}
         )
 
+    # -- sharded checkpoints (torch.distributed.checkpoint): every rank writes its own shard ------
+    def save_sharded(self, path: str | os.PathLike) -> dict:
+        """Write model and optimiser state to folder `path` with torch.distributed.checkpoint: each rank
+        writes the shard it holds (no full gather; `.metadata` is written last, by rank 0, once every
+        shard is on disk).  Weights that alias one another (a tied lm_head and the embeddings) are stored
+        once.  The frozen KL reference is left out (every learner loads it from model_path).
+
+        Returns (rank 0) the small state that goes beside the shards: steps, config, the tied keys and
+        the folder actually holding the state — an earlier folder when nothing changed since this
+        learner wrote it and it lies beside `path` (the end-of-run checkpoint after the last phase's)."""
+        return self._call("save_sharded", str(path))
+
+    def _sharded_state(self) -> tuple[dict, dict, dict[str, str]]:
+        """The live sharded (DTensor) model and optimiser state dicts, minus aliased weights, and the
+        map dropped key -> kept key.  The tensors share storage with the parameters and moments."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.opt)
+        # aliases by parameter identity (the same on every rank, unlike a shard's storage)
+        first: dict[int, str] = {}
+        tied: dict[str, str] = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            if id(param) in first and name in model_sd:
+                tied[name] = first[id(param)]
+                del model_sd[name]
+            first.setdefault(id(param), name)
+        return model_sd, optim_sd, tied
+
+    def _do_save_sharded(self, path: str) -> dict:
+        import torch.distributed.checkpoint as dcp
+
+        last = getattr(self, "_last_sharded", None)
+        if (
+            last is not None
+            and last[0] == (self._uid, self._version)
+            and Path(last[1]).parent == Path(path).parent
+            and (Path(last[1]) / ".metadata").is_file()
+        ):
+            where = last[1]  # unchanged since it was written into this checkpoint folder: reuse it
+        else:
+            model_sd, optim_sd, tied = self._sharded_state()
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+            where = path
+            self._last_sharded = ((self._uid, self._version), path, tied)
+        tied = self._last_sharded[2]
+        return {
+            "dir": where,
+            "steps": self.steps,
+            "tied": tied,
+            "world_size": self.world_size,
+            "config": asdict(self.cfg),
+        }
+
     def load_state_dict(self, state: dict) -> None:
+        """Restore a state_dict() (full tensors; held by rank 0 and broadcast) or the sharded state a
+        checkpoint read back from save_sharded ({"format": "torch-dcp", "path", ...}: every rank reads
+        its own shard from the folder, under any world size)."""
+        if isinstance(state, dict) and state.get("format") == "torch-dcp":
+            self._call("load_sharded", {k: state[k] for k in ("path", "steps", "tied")})
+            return
         # the (large) state stays on rank 0 and is broadcast tensor by tensor by torch
         self._pending_state = state
         self._call("load_state_dict", None)
+
+    def _do_load_sharded(self, info: dict) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        model_sd, optim_sd, tied = self._sharded_state()
+        if tied != info["tied"]:
+            raise ValueError(f"checkpoint ties {info['tied']}, this model ties {tied}")
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=info["path"])
+        set_state_dict(
+            self.model,
+            self.opt,
+            model_state_dict=model_sd,
+            optim_state_dict=optim_sd,
+            options=StateDictOptions(strict=False),  # the tied keys left out are the kept ones' storage
+        )
+        self.steps = int(info["steps"])
+        self._version += 1  # new parameters: cached weights and forward passes no longer hold
+        self._weights_cache, self._fwd_cache = None, None
 
     def _do_load_state_dict(self, _: Any = None) -> None:
         from torch.distributed.checkpoint.state_dict import (

@@ -14,14 +14,34 @@ class TrackedSampler:
     """The engine, plus what the run needs around it: the weights it last loaded (checkpoints) and the
     time spent loading weights (the sync share of a phase)."""
 
+    RESYNC = "resync: the learner's weights are pushed before the next sample"
+
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.current: Any = None
         self.sync_seconds = 0.0
         self.syncs = 0
+        self.needs_sync = False
 
     def generate(self, contexts, turn, n, rng):
+        if self.needs_sync:  # restored from an iteration-boundary checkpoint, which kept no sampler weights
+            raise RuntimeError(
+                "the sampler was restored without weights (an iteration-boundary checkpoint) and a method "
+                "sampled before pushing the learner's: every Method.begin must call ctx.sync() first"
+            )
         return self.engine.generate(contexts, turn, n, rng)
+
+    def state(self) -> Any:
+        """What a checkpoint stores for the sampler: the weights it last loaded (None: the model folder's)."""
+        return self.current
+
+    def load_state(self, weights: Any) -> None:
+        """Restore state(), or RESYNC (an iteration-boundary checkpoint): sampling is refused until the
+        next load_weights."""
+        if isinstance(weights, str) and weights == self.RESYNC:
+            self.needs_sync = True
+        elif weights is not None:
+            self.load_weights(weights)
 
     def normalized_entropy(self, contexts, turn):
         """ARPO's entropy signal (rtpo.core.protocols.EntropySampler), from the engine."""
@@ -36,6 +56,7 @@ class TrackedSampler:
         self.sync_seconds += time.perf_counter() - t0
         self.syncs += 1
         self.current = weights
+        self.needs_sync = False
 
 
 @contextlib.contextmanager

@@ -213,6 +213,7 @@ class TabularLearner:
     ) -> None:
         self.policy = policy
         self.closed_form = bool(closed_form) and isinstance(policy, SoftmaxTable)
+        self._flat: tuple[TurnBatch, FlatBatch] | None = None
         p = torch.as_tensor(np.array(params, dtype=np.float64, copy=True))
         parts = list(p.unbind(0)) if policy.turn_separable else [p]
         self.parts = [torch.nn.Parameter(x.clone()) for x in parts]
@@ -263,7 +264,10 @@ class TabularLearner:
         return Ragged(lp, batch.tokens.offsets)
 
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
-        flat = FlatBatch.from_batch(batch)
+        # epochs over one minibatch hand the same (immutable) batch again: its token view is reused
+        if self._flat is None or self._flat[0] is not batch:
+            self._flat = (batch, FlatBatch.from_batch(batch))
+        flat = self._flat[1]
         if self.closed_form and closed_form_gradient(loss):
             return self._closed_form_step(batch, flat, loss)
         logp = self._token_logp(batch)
@@ -285,7 +289,7 @@ class TabularLearner:
             raise ValueError("tabular responses are exactly one token (the action)")
         turn, ctx = _context_pairs(batch.contexts)
         action = np.asarray(batch.tokens.values, np.int64)
-        present = np.unique(turn)
+        present = turn[:1] if turn.size and turn.min() == turn.max() else np.unique(turn)  # an RTPO phase: one turn
         with torch.no_grad():
             # log π of the present turns' tables, then the batch's rows: row by row the same arithmetic
             # as _token_logp, so the same log-probs, loss value and metrics
@@ -308,9 +312,9 @@ class TabularLearner:
             rows = torch._log_softmax_backward_data(one_hot, lp, 1, lp.dtype)
             grad = torch.zeros_like(tables).reshape(-1, tables.shape[-1]).index_add_(0, cell, rows)
             grad = grad.reshape(tables.shape)
-        self.opt.zero_grad(set_to_none=True)
-        for i, k in enumerate(present.tolist()):
-            self.parts[k].grad = grad[i]
+        slot = dict(zip(present.tolist(), grad.unbind(0)))
+        for k, part in enumerate(self.parts):  # = zero_grad(set_to_none=True), then the present turns' grads
+            part.grad = slot.get(k)
         metrics["train/grad_norm"] = float(torch.sqrt(sum((g_**2).sum() for g_ in grad.unbind(0))))
         self.opt.step()
         return metrics

@@ -62,6 +62,10 @@ from rtpo.backends import get_backend  # noqa: E402
 from rtpo.config import load_scenario  # noqa: E402
 from rtpo.distributed import distribute  # noqa: E402
 
+# Ray runs in module fixtures reached through request.getfixturevalue: the tier rule of tests/conftest.py
+# cannot see them, so the module is marked (104 s together on 2 cores).
+pytestmark = pytest.mark.slow
+
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "llm" / "tiny-cpu-ray.yaml"
 LOGP_ATOL = 1e-5
 WEIGHT_ATOL = 5e-6

@@ -205,12 +205,13 @@ def test_malformed_turns_are_feedback_not_crashes(tok, text, expect):
 
 
 def test_tool_errors_and_limits_come_back_as_text(tok):
-    env = _env(tok)
+    # the python tool takes its limits when the env is built (setting env.sandbox afterwards changes
+    # nothing: this test used to wait out LIMITS' 30 s that way), so the 2 s limit goes in at construction
+    short = LLMEnv(TASK, tok, num_turns=3, sandbox=SandboxLimits(wall_time_s=2.0), run_tool=CountingTool())
     call = '<tool_call>\n{"name": "python", "arguments": {"code": "import time\\nprint(1)\\ntime.sleep(60)"}}\n</tool_call>'
-    env.sandbox = SandboxLimits(wall_time_s=5.0)
-    _, out = _one_step(env, call)
-    assert not out.malformed[0] and "time limit" in out.feedback[0] and out.feedback[0].startswith("1")
-    env.sandbox = LIMITS
+    _, out = _one_step(short, call)
+    assert not out.malformed[0] and "time limit of 2s reached" in out.feedback[0] and out.feedback[0].startswith("1")
+    env = _env(tok)
     _, out = _one_step(env, '<tool_call>\n{"name": "python", "arguments": {"code": "1/0"}}\n</tool_call>')
     assert "ZeroDivisionError" in out.feedback[0] and "exit code 1" in out.feedback[0]
 

