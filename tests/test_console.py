@@ -96,3 +96,62 @@ def test_ctrl_c_stops_at_a_phase_boundary_and_prints_the_resume_command(tmp_path
     assert r.returncode == 0, r.stderr
     after = read_metrics(run_dir)
     assert [m["global_phase"] for m in after] == list(range(1, 200 * 4 + 1)) and after[: len(done)] == done
+
+
+def test_library_log_lines_go_to_the_run_folder_not_the_console(tmp_path, capfd, caplog):
+    import logging
+    import warnings
+
+    from rtpo.runlogs import library_logs
+
+    vllm = logging.getLogger("vllm")
+    console = logging.StreamHandler(sys.stdout)
+    vllm.addHandler(console)  # as vLLM's own logging config does
+    try:
+        with library_logs() as libs:
+            logging.getLogger("vllm.model_executor").warning("Failed to load weights")  # before the folder exists
+            libs.attach(tmp_path)
+            logging.getLogger("vllm.engine").info("engine started")
+            logging.getLogger("ray.worker").warning("ray says hi")
+            logging.getLogger("transformers.modeling_utils").warning("transformers says hi")
+            warnings.warn("a library warning", UserWarning, stacklevel=1)
+        assert vllm.handlers == [console] and vllm.propagate  # put back as they were
+    finally:
+        vllm.removeHandler(console)
+    out, err = capfd.readouterr()
+    assert out == err == "" and caplog.records == []  # nothing reached the console or the root logger
+    logs = tmp_path / "logs"
+    vllm_log = (logs / "vllm.log").read_text().splitlines()
+    assert [line.split(": ", 1)[1] for line in vllm_log] == ["Failed to load weights", "engine started"]
+    assert " WARNING vllm.model_executor: " in vllm_log[0] and " INFO vllm.engine: " in vllm_log[1]
+    assert "ray says hi" in (logs / "ray.log").read_text()
+    assert "transformers says hi" in (logs / "transformers.log").read_text()
+    assert "UserWarning: a library warning" in (logs / "warnings.log").read_text()
+
+
+def test_verbose_leaves_the_libraries_on_the_console(caplog):
+    import logging
+
+    from rtpo.runlogs import library_logs
+
+    with library_logs(verbose=True) as libs:
+        assert libs.attach(Path("/nonexistent")) is None
+        logging.getLogger("ray").warning("ray on the console")
+    assert [r.getMessage() for r in caplog.records] == ["ray on the console"]  # reached the root handlers
+
+
+def test_a_failed_build_shows_the_libraries_warnings(caplog):
+    """No run folder was made (the backend could not be built): the libraries' own warnings about it
+    are not hidden in a folder that does not exist."""
+    import logging
+
+    import pytest
+
+    from rtpo.runlogs import library_logs
+
+    with pytest.raises(RuntimeError, match="no engine"):
+        with library_logs():
+            logging.getLogger("vllm").info("an info line")
+            logging.getLogger("vllm").warning("why the engine failed")
+            raise RuntimeError("no engine")
+    assert [r.getMessage() for r in caplog.records] == ["why the engine failed"]

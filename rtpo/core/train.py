@@ -87,7 +87,9 @@ def ppo_update(
     `samples/turn_<k>`: the batch's rows (training samples) of each turn k present."""
     if epochs < 1:
         raise ValueError("epochs must be >= 1")
-    seqs = np.unique(batch.seq_id)
+    seq_id = np.asarray(batch.seq_id)
+    # strictly increasing ids (every RTPO batch: one row per sequence) are already their own np.unique
+    seqs = seq_id if seq_id.size < 2 or bool(np.all(seq_id[1:] > seq_id[:-1])) else np.unique(seq_id)
     size = len(seqs) if not minibatch_size else int(minibatch_size)
     sums: dict[str, float] = {}
     steps = 0

@@ -289,7 +289,7 @@ class TabularLearner:
             raise ValueError("tabular responses are exactly one token (the action)")
         turn, ctx = _context_pairs(batch.contexts)
         action = np.asarray(batch.tokens.values, np.int64)
-        present = np.unique(turn)
+        present = turn[:1] if turn.size and turn.min() == turn.max() else np.unique(turn)  # an RTPO phase: one turn
         with torch.no_grad():
             # log π of the present turns' tables, then the batch's rows: row by row the same arithmetic
             # as _token_logp, so the same log-probs, loss value and metrics
