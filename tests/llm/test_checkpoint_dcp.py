@@ -147,10 +147,12 @@ def test_fork_from_an_iteration_links_the_shards(runs, tmp_path):
 _KILLER = textwrap.dedent(
     """
     import os, signal, sys
+    import torch
     import torch.distributed.checkpoint.filesystem as fs
     from rtpo import checkpoint
 
-    where, attr, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    where, attr, n, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(threads)  # the test process's: float sums (and so the metrics) depend on it
     owner = {"checkpoint": checkpoint, "writer": fs.FileSystemWriter}[where]
     real = getattr(owner, attr)
     calls = [0]
@@ -164,7 +166,7 @@ _KILLER = textwrap.dedent(
     setattr(owner, attr, wrapped)
     from rtpo.cli import main
 
-    sys.exit(main(sys.argv[4:]))
+    sys.exit(main(sys.argv[5:]))
     """
 )
 
@@ -181,7 +183,7 @@ def test_sigkill_inside_a_dcp_write_resumes_exactly(point, runs, tmp_path):
     out = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-c", _KILLER, where, attr, str(n), *_args(out, 2)],
+        [sys.executable, "-c", _KILLER, where, attr, str(n), str(torch.get_num_threads()), *_args(out, 2)],
         env=env,
         capture_output=True,
         text=True,
@@ -300,9 +302,11 @@ def test_a_run_in_the_older_pickled_format_still_resumes(runs, tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_write_one_shard_each_and_resume_exactly(tmp_path):
+def test_two_gloo_ranks_write_one_shard_each_and_resume_exactly(tmp_path, request):
     """backend.world_size=2: rank 0 in the run's process, rank 1 spawned; each writes its own shard."""
     extra = ["backend.world_size=2", "backend.threads_per_rank=1"]
+    threads = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(threads))  # threads_per_rank sets this process's too
     assert cli.main(_args(tmp_path / "two", 2, extra)) == 0
     assert cli.main(_args(tmp_path / "one", 1, extra)) == 0
     two, one = _only_run(tmp_path / "two"), _only_run(tmp_path / "one")
