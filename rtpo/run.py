@@ -42,7 +42,7 @@ from rtpo.checkpoint import (
 from rtpo.config import ConfigError, ScenarioConfig, load_scenario
 from rtpo.core.budget import Budget
 from rtpo.core.protocols import Closeable, ReportsMetrics
-from rtpo.runlogs import library_logs
+from rtpo.runlogs import console_stderr, library_logs
 from rtpo.trackers import open_trackers
 
 
@@ -233,9 +233,8 @@ class _SafeInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        import sys
 
-        print("\ninterrupt: stopping after this phase (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+        print("\ninterrupt: stopping after this phase (Ctrl-C again to stop now)", file=console_stderr(), flush=True)
 
     def __exit__(self, *exc) -> None:
         if self._old is not None:
