@@ -455,14 +455,18 @@ def _run_loop(
                 phase_metrics = method.phase(ctx, prog.it_state)
                 if isinstance(ctx, ReportsMetrics):  # distributed backends' timings
                     phase_metrics.update(ctx.pop_metrics())
+                for part in (ctx.sampler, ctx.learner):  # generation and training time, tokens/s (llm)
+                    if part is not ctx and isinstance(part, ReportsMetrics):
+                        phase_metrics.update(part.pop_metrics())
                 phase_s = time.perf_counter() - t0
                 prog.phase_in_iter += 1
                 prog.global_phase += 1
                 iter_done = not prog.it_state.pending
                 last = iter_done and (prog.iteration + 1 >= budget_cfg.iterations or spent() is not None)
                 if last or prog.global_phase % cfg.eval.every == 0:
+                    t_eval = time.perf_counter()
                     last_eval = built.evaluate()
-                    eval_metrics = last_eval
+                    eval_metrics = {**last_eval, "time/eval_s": time.perf_counter() - t_eval}
                 else:
                     eval_metrics = {}
                 record = {
