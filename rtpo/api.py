@@ -6,7 +6,7 @@
 
 `rtpo.train` runs exactly what `rtpo run` runs (the same runner, phases, metrics and summary).  By
 default it runs in memory and writes nothing: no run folder, metrics file, checkpoint, plot or tracker
-output.  `out="runs"` makes it write a run folder, as `rtpo run --out runs` does, which `rtpo eval`,
+output.  (An llm scenario's tiny random model is cached under runs/.models as in every llm run.)  `out="runs"` makes it write a run folder, as `rtpo run --out runs` does, which `rtpo eval`,
 `--resume` and `rtpo compare` can use afterwards.  docs/python-api.md has a worked example, and a test runs it.
 """
 

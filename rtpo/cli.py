@@ -1,6 +1,6 @@
 """The `rtpo` command: run a scenario, solve it exactly, and dispatch to `eval`, `verify` and `compare`.
 
-    rtpo run [SCENARIO] [key=value ...] [--out DIR]
+    rtpo run [SCENARIO] [key=value ...] [--out DIR] [--no-progress] [--verbose]
     rtpo run --resume RUN_DIR [budget.KEY=value | logging.KEY=value ...] [--iter N [--out DIR]]
     rtpo solve SCENARIO [key=value ...]
     rtpo eval TARGET [key=value ...] [--samples N] [--k 1,4,8] [--queries Q|all] [--split eval|train]
@@ -64,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", metavar="DIR", default="runs", help="folder that receives the run folder (default: runs)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show vLLM/Ray/transformers log lines and warnings on the console (default: RUN/logs/)",
+    )
     add_plugin_option(run)
     solve = sub.add_parser("solve", help="exact optimum and recursively optimal policy of a scenario")
     solve.add_argument("args", nargs="+", metavar="SCENARIO [key=value ...]")
@@ -135,12 +140,13 @@ def _cmd_run(ns: argparse.Namespace) -> int:
                 progress=not ns.no_progress,
                 overrides=overrides,
                 iteration=ns.iter,
+                verbose=ns.verbose,
             )
         else:
             if ns.iter is not None:
                 return _fail("--iter N goes with --resume RUN_DIR (or with rtpo eval / rtpo export)")
             cfg = load_scenario(scenario, overrides, plugins=ns.plugin)
-            result = run_scenario(cfg, out_root=Path(ns.out), progress=not ns.no_progress)
+            result = run_scenario(cfg, out_root=Path(ns.out), progress=not ns.no_progress, verbose=ns.verbose)
     except (ConfigError, TrackerError) as e:
         return _fail(str(e))
     s = result.summary

@@ -42,6 +42,7 @@ from rtpo.checkpoint import (
 from rtpo.config import ConfigError, ScenarioConfig, load_scenario
 from rtpo.core.budget import Budget
 from rtpo.core.protocols import Closeable, ReportsMetrics
+from rtpo.runlogs import console_stderr, library_logs
 from rtpo.trackers import open_trackers
 
 
@@ -179,12 +180,18 @@ class _Console:
         rate = (done - self.start_done) / max(time.perf_counter() - self.t0, 1e-9)
         return (self.total - done) / rate if rate > 0 else None
 
-    def phase(self, record: dict, done: float, ratio: float | None) -> None:
+    def phase(self, record: dict, done: float, ratio: float | None, value: float | None = None) -> None:
+        """One phase done: `ratio` is the latest value/optimum (tabular), `value` the latest value (any)."""
         if self.mode == "off":
             return
         head = f"it {record['iteration'] + 1}/{self.total} phase {record['phase']}"
         head += f" (turn {int(record['phase/turn'])})" if "phase/turn" in record else ""
-        value = f" value/opt {ratio:.4f}" if ratio is not None else ""
+        if ratio is not None:
+            value = f" value/opt {ratio:.4f}"
+        else:
+            value = f" value {value:.4g}" if value is not None else ""
+        if isinstance(record.get("return/mean"), (int, float)):
+            value += f" return {record['return/mean']:.4g}"
         if self.mode == "tty":
             self.bar.update(
                 self.task, completed=done, description=f"{self.cfg.name} {self.cfg.method.name} {head}{value}"
@@ -226,9 +233,8 @@ class _SafeInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        import sys
 
-        print("\ninterrupt: stopping after this phase (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+        print("\ninterrupt: stopping after this phase (Ctrl-C again to stop now)", file=console_stderr(), flush=True)
 
     def __exit__(self, *exc) -> None:
         if self._old is not None:
@@ -247,8 +253,12 @@ def run_scenario(
     progress: bool = True,
     overrides: Sequence[str] = (),
     iteration: int | None = None,
+    verbose: bool = False,
 ) -> RunResult:
     """Run (or, with resume=RUN_DIR, continue) a scenario; returns the folder, all metrics and the summary.
+
+    The libraries' log lines (vLLM, Ray, transformers, warnings) go to RUN/logs/ (rtpo.runlogs) unless
+    `verbose`.
 
     On resume the run's own config.yaml is authoritative; a `cfg` that differs from it is an error.
     `overrides` (budget.* and logging.* keys only) change it for the rest of the run, e.g. a larger
@@ -286,23 +296,25 @@ def run_scenario(
 
     # build first (load the task and its data, the model, the engines), then make or change folders:
     # a task that fails to load leaves no run folder behind, and a resumed run's config.yaml unchanged
-    built = get_backend(cfg.backend.kind).build(cfg)
-    if cfg.backend.distributed != "none":
-        from rtpo.distributed import distribute  # Ray is imported only by runs that ask for it
+    with library_logs(verbose) as libs:  # vLLM/Ray/transformers lines go to RUN/logs/, not the console
+        built = get_backend(cfg.backend.kind).build(cfg)
+        if cfg.backend.distributed != "none":
+            from rtpo.distributed import distribute  # Ray is imported only by runs that ask for it
 
-        built = distribute(built, cfg, cfg.backend.distributed, cfg.resources, cfg.backend.address)
-    try:
-        if resume is None:
-            run_dir = _new_run_dir(Path(out_root), cfg)
-            atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
-        elif iteration is not None:
-            run_dir = _fork(run_dir, cfg, state, iteration, Path(out_root))
-        elif config_changed:
-            atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
-        return _run_loop(cfg, built, run_dir, state, progress)
-    finally:
-        if isinstance(built.ctx, Closeable):
-            built.ctx.shutdown()
+            built = distribute(built, cfg, cfg.backend.distributed, cfg.resources, cfg.backend.address)
+        try:
+            if resume is None:
+                run_dir = _new_run_dir(Path(out_root), cfg)
+                atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
+            elif iteration is not None:
+                run_dir = _fork(run_dir, cfg, state, iteration, Path(out_root))
+            elif config_changed:
+                atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
+            libs.attach(run_dir)
+            return _run_loop(cfg, built, run_dir, state, progress)
+        finally:
+            if isinstance(built.ctx, Closeable):
+                built.ctx.shutdown()
 
 
 def _check_export(cfg: ScenarioConfig) -> None:
@@ -443,14 +455,18 @@ def _run_loop(
                 phase_metrics = method.phase(ctx, prog.it_state)
                 if isinstance(ctx, ReportsMetrics):  # distributed backends' timings
                     phase_metrics.update(ctx.pop_metrics())
+                for part in (ctx.sampler, ctx.learner):  # generation and training time, tokens/s (llm)
+                    if part is not ctx and isinstance(part, ReportsMetrics):
+                        phase_metrics.update(part.pop_metrics())
                 phase_s = time.perf_counter() - t0
                 prog.phase_in_iter += 1
                 prog.global_phase += 1
                 iter_done = not prog.it_state.pending
                 last = iter_done and (prog.iteration + 1 >= budget_cfg.iterations or spent() is not None)
                 if last or prog.global_phase % cfg.eval.every == 0:
+                    t_eval = time.perf_counter()
                     last_eval = built.evaluate()
-                    eval_metrics = last_eval
+                    eval_metrics = {**last_eval, "time/eval_s": time.perf_counter() - t_eval}
                 else:
                     eval_metrics = {}
                 record = {
@@ -493,7 +509,8 @@ def _run_loop(
                     if prog.it_state is not None and prog.phases_in_iter
                     else 0.0
                 )
-                console.phase(record, done, _ratio(eval_metrics or last_eval, built))
+                latest = eval_metrics or last_eval
+                console.phase(record, done, _ratio(latest, built), latest.get(built.value_key))
                 if interrupt.requested and not last:
                     prog.stopped_by = "interrupted"
     finally:

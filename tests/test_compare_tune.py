@@ -116,3 +116,16 @@ def test_bad_tune_input_is_one_line_and_exit_2(scenario, tmp_path, capsys, argv,
 def test_tune_parse_errors_are_config_errors():
     with pytest.raises(ConfigError):
         Tune.parse("=1,2", 2)
+
+
+def test_settings_lines_show_each_sweep_values_own_setting():
+    rows = [
+        {"method": "rtpo", "sweep": "3", "settings": {"G": 3, "train.lr": 1.0}},
+        {"method": "rtpo", "sweep": "6", "settings": {"G": 3, "train.lr": 0.3}},
+        {"method": "rtpo", "sweep": "10", "settings": {"G": 3, "train.lr": 1.0}},
+        {"method": "grpo", "sweep": "3", "settings": {"G": 16, "train.lr": 0.1}},
+    ]
+    lines = compare.settings_lines(rows)
+    assert "- rtpo (at 3, 10): G=3, train.lr=1.0" in lines
+    assert "- rtpo (at 6): G=3, train.lr=0.3" in lines
+    assert "- grpo: G=16, train.lr=0.1" in lines

@@ -134,10 +134,11 @@ def example_on_path(monkeypatch):
     other tests' registries and a later fresh import are unaffected)."""
     from rtpo.core.estimators import ESTIMATORS
     from rtpo.core.methods import METHODS
+    from rtpo.tabular.tasks import TASKS
 
     monkeypatch.syspath_prepend(str(EXAMPLE))
     monkeypatch.setattr(plugins, "_loaded", dict(plugins._loaded))
-    with ESTIMATORS.temporary(), METHODS.temporary():
+    with ESTIMATORS.temporary(), METHODS.temporary(), TASKS.temporary():
         yield
     sys.modules.pop("rtpo_plugin_example", None)
 
@@ -223,3 +224,24 @@ def test_entry_points_load_once_and_fail_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv(plugins.DISABLE_ENV, "1")
     monkeypatch.setattr(plugins, "_entry_points_done", False)
     plugins.load()  # switched off: the broken entry point is not even looked at
+
+
+def test_a_plugin_task_and_method_through_the_python_api(tmp_path, monkeypatch, example_on_path):
+    """The plugin's tabular task and method in rtpo.train: the exact optimum of the lock is 1, and the
+    scenario records the plugin."""
+    import rtpo
+
+    monkeypatch.chdir(tmp_path)
+    scenario = {
+        "name": "lock",
+        "backend": {"kind": "tabular"},
+        "task": {"kind": "combination_lock", "num_turns": 3, "num_actions": 3},
+        "method": {"name": "rtpo_trimmed", "G": 4},
+        "budget": {"iterations": 3, "queries_per_iteration": 8},
+    }
+    res = rtpo.train(scenario, plugins=["rtpo_plugin_example"])
+    assert (
+        res.config.plugins == ("rtpo_plugin_example",) and res.config.method.config.estimator == "sibling_trimmed_mean"
+    )
+    assert res.summary["optimum"] == 1.0 and 0 < res.summary["final_value"] <= 1.0
+    assert list(tmp_path.iterdir()) == []

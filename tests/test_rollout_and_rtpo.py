@@ -6,23 +6,21 @@ import pytest
 from rtpo.core import RunContext, methods, rollout
 from rtpo.core.types import Generation, Ragged
 from rtpo.tabular import (
-    SoftmaxTable,
     TabularEnv,
     TabularEvaluator,
-    TabularLearner,
-    TabularSampler,
     TurnMDP,
     evaluate,
     random_mdp,
     tool_chain,
     uniform_policy,
 )
+from tests._method_helpers import stack
 
 
 def _stack(mdp, seed=0, lr=0.1):
-    pol = SoftmaxTable(mdp.num_turns, mdp.num_contexts, mdp.num_actions)
-    p0 = pol.init_params(np.random.default_rng(seed))
-    return pol, TabularEnv(mdp), TabularSampler(pol, p0), TabularLearner(pol, p0, lr=lr)
+    """(policy, env, sampler, learner) of the shared tabular stack (θ0 drawn from default_rng(seed))."""
+    _, pol, ctx = stack(mdp, seed=seed, lr=lr)
+    return pol, ctx.env, ctx.sampler, ctx.learner
 
 
 def test_trunk_mean_return_matches_exact_value_within_hoeffding():

@@ -100,10 +100,7 @@ def main(argv: list[str]) -> int:
         + f") -> {out}",
         flush=True,
     )
-    seen: dict[str, dict] = {}
-    for j in jobs:
-        seen.setdefault(j.label, j.settings)
-    for line in settings_lines([{"method": m, "settings": st} for m, st in seen.items()]):
+    for line in settings_lines([{"method": j.label, "settings": j.settings, "sweep": j.sweep} for j in jobs]):
         print("  " + line.removeprefix("- "), flush=True)
     t0 = time.perf_counter()
 

@@ -130,12 +130,24 @@ def aggregate(outcomes: list[Outcome]) -> list[dict]:
 
 
 def settings_lines(rows: list[dict]) -> list[str]:
-    """One line per method with its resolved settings, and the update settings several methods share
-    (epochs, minibatch, clip, KL, lr) where they differ between rows, so an inherited value is visible."""
+    """One line per method with its resolved settings (one per distinct setting where they differ
+    between sweep values, e.g. after --tune, with the values they apply to), and the update settings
+    several methods share (epochs, minibatch, clip, KL, lr) where they differ between rows, so an
+    inherited value is visible."""
     seen: dict[str, dict] = {}
+    variants: dict[str, dict[str, tuple[dict, list]]] = {}
     for r in rows:
-        seen.setdefault(r["method"], r.get("settings") or {})
-    lines = [f"- {m}: " + ", ".join(f"{k}={v}" for k, v in st.items()) for m, st in seen.items()]
+        st = r.get("settings") or {}
+        seen.setdefault(r["method"], st)
+        per = variants.setdefault(r["method"], {})
+        entry = per.setdefault(repr(sorted(st.items())), (st, []))
+        if r.get("sweep") not in entry[1]:
+            entry[1].append(r.get("sweep"))
+    lines = []
+    for m, per in variants.items():
+        for st, points in per.values():
+            where = f" (at {', '.join(map(str, points))})" if len(per) > 1 else ""
+            lines.append(f"- {m}{where}: " + ", ".join(f"{k}={v}" for k, v in st.items()))
     shared = ("epochs", "minibatch_size", "clip_eps", "clip_eps_high", "kl_coef", "log_ratio_clip", "train.lr")
     for key in shared:
         vals = {m: st[key] for m, st in seen.items() if key in st}
