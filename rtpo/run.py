@@ -42,7 +42,7 @@ from rtpo.checkpoint import (
 from rtpo.config import ConfigError, ScenarioConfig, load_scenario
 from rtpo.core.budget import Budget
 from rtpo.core.protocols import Closeable, ReportsMetrics
-from rtpo.runlogs import library_logs
+from rtpo.runlogs import console_stderr, library_logs
 from rtpo.trackers import open_trackers
 
 
@@ -233,9 +233,8 @@ class _SafeInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        import sys
 
-        print("\ninterrupt: stopping after this phase (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+        print("\ninterrupt: stopping after this phase (Ctrl-C again to stop now)", file=console_stderr(), flush=True)
 
     def __exit__(self, *exc) -> None:
         if self._old is not None:
@@ -456,14 +455,18 @@ def _run_loop(
                 phase_metrics = method.phase(ctx, prog.it_state)
                 if isinstance(ctx, ReportsMetrics):  # distributed backends' timings
                     phase_metrics.update(ctx.pop_metrics())
+                for part in (ctx.sampler, ctx.learner):  # generation and training time, tokens/s (llm)
+                    if part is not ctx and isinstance(part, ReportsMetrics):
+                        phase_metrics.update(part.pop_metrics())
                 phase_s = time.perf_counter() - t0
                 prog.phase_in_iter += 1
                 prog.global_phase += 1
                 iter_done = not prog.it_state.pending
                 last = iter_done and (prog.iteration + 1 >= budget_cfg.iterations or spent() is not None)
                 if last or prog.global_phase % cfg.eval.every == 0:
+                    t_eval = time.perf_counter()
                     last_eval = built.evaluate()
-                    eval_metrics = last_eval
+                    eval_metrics = {**last_eval, "time/eval_s": time.perf_counter() - t_eval}
                 else:
                     eval_metrics = {}
                 record = {

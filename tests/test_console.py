@@ -155,3 +155,55 @@ def test_a_failed_build_shows_the_libraries_warnings(caplog):
             logging.getLogger("vllm").warning("why the engine failed")
             raise RuntimeError("no engine")
     assert [r.getMessage() for r in caplog.records] == ["why the engine failed"]
+
+
+def test_rtpo_own_warnings_stay_on_the_console(tmp_path, monkeypatch):
+    """A safety notice rtpo raises as a warning (e.g. a sandbox without kernel isolation) is not hidden:
+    it reaches the console's warning display, a library's goes to RUN/logs/warnings.log."""
+    import warnings
+
+    from rtpo.runlogs import library_logs
+
+    shown = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *a, **k: shown.append(str(message)))
+    code = compile("import warnings; warnings.warn('RTPO NOTICE', UserWarning)", str(ROOT / "rtpo" / "x.py"), "exec")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with library_logs() as libs:
+            libs.attach(tmp_path)
+            exec(code, {})
+            warnings.warn("LIBRARY NOTICE", UserWarning, stacklevel=1)
+    assert shown == ["RTPO NOTICE"]
+    assert "LIBRARY NOTICE" in (tmp_path / "logs" / "warnings.log").read_text()
+
+
+def test_what_libraries_write_to_stderr_themselves_goes_to_the_run_folder(tmp_path, capfd):
+    """tqdm bars and C++ warnings write to fd 2 directly, also from child processes."""
+    from rtpo.runlogs import console_stderr, library_logs
+
+    with library_logs() as libs:
+        print("before the folder", file=sys.stderr)
+        libs.attach(tmp_path)
+        print("Loading weights: 100%", file=sys.stderr)
+        subprocess.run([sys.executable, "-c", "import os; os.write(2, b'[W utils.cpp] NUMA binding\\n')"], check=True)
+        print("interrupt: rtpo's own notice", file=console_stderr(), flush=True)
+    print("after the run", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert err.splitlines() == ["interrupt: rtpo's own notice", "after the run"]
+    assert (tmp_path / "logs" / "stderr.log").read_text().splitlines() == [
+        "before the folder",
+        "Loading weights: 100%",
+        "[W utils.cpp] NUMA binding",
+    ]
+
+
+def test_a_failed_build_shows_what_the_libraries_wrote_to_stderr(capfd):
+    import pytest
+
+    from rtpo.runlogs import library_logs
+
+    with pytest.raises(RuntimeError, match="no engine"):
+        with library_logs():
+            subprocess.run([sys.executable, "-c", "import os; os.write(2, b'engine: out of memory\\n')"], check=True)
+            raise RuntimeError("no engine")
+    assert "engine: out of memory" in capfd.readouterr().err

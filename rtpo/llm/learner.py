@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -239,7 +240,9 @@ class FSDPLearner:
         self._uid = uuid.uuid4().hex
         self._version = 0
         self._weights_cache: WeightsSnapshot | None = None
-        self._fwd_cache: tuple[int, TurnBatch, torch.Tensor] | None = None
+        self._fwd_cache: tuple[int, TurnBatch, torch.Tensor, torch.Tensor] | None = None
+        self._entropy: torch.Tensor | None = None  # the last _token_logp's per-token entropies (no grad)
+        self._times = {"time/logprobs_s": 0.0, "time/train_s": 0.0}
 
     # -- setup -----------------------------------------------------------------------------------
     def _init_process_group(self) -> None:
@@ -322,14 +325,28 @@ class FSDPLearner:
         ).logits[:, :-1]  # (b, r_max, V): predicts the last r_max
         logits = logits.float() / self.cfg.temperature
         target = torch.as_tensor(ids[:, width - r_max :], device=self.device)
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, target[..., None]).squeeze(-1)  # (b, r_max)
+        log_p = torch.log_softmax(logits, dim=-1)
+        lp = log_p.gather(-1, target[..., None]).squeeze(-1)  # (b, r_max)
         keep = torch.as_tensor(np.arange(r_max)[None, :] >= (r_max - rsp.lengths)[:, None], device=self.device)
+        with torch.no_grad():  # policy entropy H = -sum_v p_v log p_v at each response token (at temperature T)
+            self._entropy = -(log_p.exp() * log_p).sum(-1)[keep]
         return lp[keep]  # row-major: each row's response tokens in order
 
     # -- Learner protocol ------------------------------------------------------------------------
     def logprobs(self, batch: TurnBatch) -> Ragged:
         self._check(batch)
-        return self._call("logprobs", batch)
+        t0 = time.perf_counter()
+        try:
+            return self._call("logprobs", batch)
+        finally:
+            self._times["time/logprobs_s"] += time.perf_counter() - t0
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Wall time in log-prob passes and train steps since the last call (ReportsMetrics): with the
+        sampler's time/generate_s, the split of a phase's time/phase_s."""
+        out = {k: v for k, v in self._times.items() if v}
+        self._times = dict.fromkeys(self._times, 0.0)
+        return out
 
     def _do_logprobs(self, batch: TurnBatch) -> Ragged | None:
         plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
@@ -342,7 +359,7 @@ class FSDPLearner:
             for rows in plan[self.rank]:
                 lp = self._token_logp(self.model, batch, rows)
                 if keep:
-                    self._fwd_cache = (self._version, batch, lp)
+                    self._fwd_cache = (self._version, batch, lp, self._entropy)
                 if rows.size:
                     mine.append((rows, lp.detach().double().cpu().numpy()))
         parts = self._gather(mine)
@@ -359,7 +376,11 @@ class FSDPLearner:
         self._check(batch)
         if loss.kl_coef > 0 and self.ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model: build the learner with kl_reference=True")
-        return self._call("train_step", (batch, loss))
+        t0 = time.perf_counter()
+        try:
+            return self._call("train_step", (batch, loss))
+        finally:
+            self._times["time/train_s"] += time.perf_counter() - t0
 
     def _do_train_step(self, payload: tuple[TurnBatch, LossConfig]) -> dict[str, float]:
         """Implements Eq. 6 (§3.1) through rtpo.core.loss.policy_loss (the clipped surrogate, or REFUEL's
@@ -389,6 +410,7 @@ class FSDPLearner:
             if rows.size == 0:
                 (logp.sum() * 0.0).backward()
                 continue
+            entropy = cached[3] if reuse else self._entropy
             sub = batch.take(rows)
             flat = FlatBatch.from_batch(sub)
             tok_share = sub.num_tokens / num_tokens
@@ -404,6 +426,7 @@ class FSDPLearner:
                 total = total + tok_share * (full_loss - pol_loss)
                 metrics["loss/kl_ref"] = kl_metrics["loss/kl_ref"]
             (total * self.world_size).backward()  # FSDP averages gradients over ranks
+            metrics["train/entropy"] = float(entropy.double().mean())  # token mean, like the KL
             for key, v in metrics.items():
                 share = pol_share if key == "loss/policy" else tok_share
                 sums[key] = sums.get(key, 0.0) + share * float(v)
@@ -419,6 +442,7 @@ class FSDPLearner:
         out = {k: float(v) for k, v in zip(keys, vec.tolist())}
         out["train/grad_norm"] = grad_norm
         out["train/tokens"] = float(num_tokens)
+        out["train/lr"] = float(self.opt.param_groups[0]["lr"])  # the step's learning rate
         return out
 
     def _clip_and_norm(self) -> float:

@@ -22,6 +22,7 @@ class TrackedSampler:
         self.sync_seconds = 0.0
         self.syncs = 0
         self.needs_sync = False
+        self._gen = {"s": 0.0, "tokens": 0, "responses": 0}
 
     def generate(self, contexts, turn, n, rng):
         if self.needs_sync:  # restored from an iteration-boundary checkpoint, which kept no sampler weights
@@ -29,7 +30,27 @@ class TrackedSampler:
                 "the sampler was restored without weights (an iteration-boundary checkpoint) and a method "
                 "sampled before pushing the learner's: every Method.begin must call ctx.sync() first"
             )
-        return self.engine.generate(contexts, turn, n, rng)
+        t0 = time.perf_counter()
+        out = self.engine.generate(contexts, turn, n, rng)
+        self._gen["s"] += time.perf_counter() - t0
+        self._gen["tokens"] += int(out.tokens.lengths.sum())
+        self._gen["responses"] += len(out)
+        return out
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The training rollouts' generation since the last call (rtpo.core.protocols.ReportsMetrics):
+        time in the engine, tokens and responses generated, mean response length, tokens per second.
+        Evaluation samples through eval_engine and is not counted here."""
+        g, self._gen = self._gen, {"s": 0.0, "tokens": 0, "responses": 0}
+        if not g["responses"]:
+            return {}
+        return {
+            "time/generate_s": g["s"],
+            "gen/tokens": float(g["tokens"]),
+            "gen/responses": float(g["responses"]),
+            "gen/response_len_mean": g["tokens"] / g["responses"],
+            "gen/tokens_per_s": g["tokens"] / g["s"] if g["s"] > 0 else float("nan"),
+        }
 
     def state(self) -> Any:
         """What a checkpoint stores for the sampler: the weights it last loaded (None: the model folder's)."""
