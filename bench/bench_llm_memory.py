@@ -56,7 +56,7 @@ def child_run(out: str) -> dict:
     from rtpo.cli import main
 
     try:
-        rc = main(["run", str(SCENARIO), "--out", out, "logging.progress=false"])
+        rc = main(["run", str(SCENARIO), "--out", out])
     except SystemExit as e:  # a failing run must not look like a measurement
         rc = e.code if isinstance(e.code, int) else 1
     if rc:

@@ -44,7 +44,12 @@ from rtpo.schema import (  # noqa: F401 - re-exported: rtpo.config is the public
 def _method_section(data: Any) -> MethodSection:
     from rtpo.core import methods
 
-    name = registered_name(data, "method", "name", methods.METHODS, "method")
+    try:
+        name = registered_name(data, "method", "name", methods.METHODS, "method")
+    except ConfigError as e:
+        if "unknown method" not in str(e):
+            raise
+        raise ConfigError(f"{e}; a plugin's method needs --plugin MODULE or `plugins:` (docs/plugins.md)") from None
     cfg = validate_dataclass(methods.get(name).Config, data, "method", reserved=("name",))
     return MethodSection(name=name, config=cfg)
 

@@ -48,7 +48,18 @@ LABELS = {
     "budget/rollouts": "rollouts spent",
     "budget/tokens": "tokens generated",
     "loss/clipfrac": "clipped fraction",
+    "loss/approx_kl": "approximate KL to the rollout policy",
+    "loss/kl_ref": "KL to the reference policy",
     "global_phase": "phase",
+    "train/entropy": "policy entropy (nats per token)",
+    "train/lr": "learning rate",
+    "train/grad_norm": "gradient norm",
+    "gen/response_len_mean": "mean response length (tokens)",
+    "gen/tokens_per_s": "generated tokens per second",
+    "time/generate_s": "generation time per phase (s)",
+    "time/train_s": "training time per phase (s)",
+    "time/phase_s": "phase time (s)",
+    "time/elapsed_s": "wall time (s)",
 }
 
 

@@ -443,7 +443,13 @@ def _run_loop(
     last_eval: dict[str, float] = {}
     # a resumed run's trackers start after the checkpoint: what they got from phases past it is replaced
     extra_trackers = [t for t in cfg.logging.trackers if t != "jsonl"] if run_dir is not None else []
-    trackers = open_trackers(extra_trackers, run_dir, cfg.to_dict(), first_step=prog.global_phase + 1)
+    trackers = open_trackers(
+        extra_trackers,
+        run_dir,
+        cfg.to_dict(),
+        first_step=prog.global_phase + 1,
+        history=lambda: read_metrics(run_dir, prog.metric_lines),  # for a tracker added on resume or a fork
+    )
     try:
         sink = open(run_dir / METRICS, "a") if run_dir is not None else contextlib.nullcontext()
         with interrupt, sink as metrics_file:

@@ -119,8 +119,18 @@ class _StderrCapture:
 
         sys.stderr.flush()
         self.saved_fd = os.dup(2)
-        self.console = open(os.dup(self.saved_fd), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
         self.saved_stream = sys.stderr
+        try:
+            on_fd2 = self.saved_stream.fileno() == 2
+        except (AttributeError, OSError, ValueError):  # a stream of its own (pytest's capsys, a notebook)
+            on_fd2 = False
+        # rtpo's notices: the stderr object as it was, unless it writes to fd 2 (then a copy of the old fd 2)
+        self.own_console = on_fd2
+        self.console = (
+            open(os.dup(self.saved_fd), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+            if on_fd2
+            else self.saved_stream
+        )
         self.target = tempfile.TemporaryFile()  # noqa: SIM115
         self.path: Path | None = None
         self._point(self.target.fileno())
@@ -152,7 +162,8 @@ class _StderrCapture:
             sys.stderr.write(self.target.read().decode("utf-8", "replace"))
             sys.stderr.flush()
         self.target.close()
-        self.console.close()
+        if self.own_console:
+            self.console.close()
 
 
 class LibraryLogs:

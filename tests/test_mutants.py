@@ -68,3 +68,25 @@ def test_estimator_mutants_go_through_the_registry_override_and_undo():
 def test_an_unknown_killer_name_is_a_clear_error():
     with pytest.raises(KeyError, match="test_T9_no_such_claim.*no claim module"):
         mutants.find_claim_test("test_T9_no_such_claim")
+
+
+def test_a_mutant_stays_active_when_its_undo_handle_is_dropped():
+    """Under RTPO_MUTANT the verify conftest activates a mutant for the whole session; a dropped undo
+    handle must not let the garbage collector undo it (it did, once, for every estimator mutant)."""
+    import gc
+
+    from rtpo.core.estimators import ESTIMATORS, sibling_advantage
+
+    with ESTIMATORS.temporary():
+        mutants.activate("cross_state_baseline")  # the undo handle is dropped at once
+        gc.collect()
+        assert ESTIMATORS.get("sibling_mean") is not sibling_advantage
+    assert ESTIMATORS.get("sibling_mean") is sibling_advantage
+
+
+def test_the_subprocess_form_kills_an_estimator_mutant():
+    """What `rtpo verify --mutants` does, for one mutant and its killers: pytest in a subprocess with
+    RTPO_MUTANT set must fail them (the in-process killed_by above cannot see a conftest-side bug)."""
+    targets = [str(cli.REPO_ROOT / n) for n in mutants.killer_nodes("cross_state_baseline")]
+    res = cli.run_pytest(targets, mutant="cross_state_baseline")
+    assert res.returncode != 0 and res.failed, res

@@ -125,6 +125,7 @@ def test_entry_point_in_compare_and_switched_off(tmp_path, installed_example):
         ["run", "method.name=rtpo_trimmed", *SMALL], tmp_path, [ROOT, installed_example], **{plugins.DISABLE_ENV: "1"}
     )
     assert off.returncode == 2 and "unknown method 'rtpo_trimmed'" in off.stderr
+    assert "a plugin's method needs --plugin MODULE" in off.stderr and off.stderr.count("\n") == 1
 
 
 # -- in-process: names, errors, recording -------------------------------------------------------------

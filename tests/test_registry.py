@@ -40,3 +40,20 @@ def test_temporary_forgets_what_the_block_registered():
         reg._items["a"] = None  # even a direct replacement is undone
         assert reg.names() == ["a", "b"]
     assert reg.names() == ["a"] and reg.get("a") is orig
+
+
+def test_an_entered_override_whose_handle_is_dropped_stays():
+    """A mutant is entered once for a whole session and its undo handle may be dropped: garbage
+    collection must not put the original entry back (it did with a generator context manager, and
+    `rtpo verify --mutants` then ran the estimator mutants against the real estimator)."""
+    import gc
+
+    reg = _reg()
+    with reg.temporary():
+        new = object()
+        cm = reg.override("a", new)
+        cm.__enter__()
+        del cm
+        gc.collect()
+        assert reg.get("a") is new
+    assert reg.get("a")() == "a"

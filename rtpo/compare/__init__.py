@@ -3,6 +3,7 @@
 
     rtpo compare SCENARIO [--methods a,b:key=v,...] [--seeds N] [--sweep key=v1,v2,...]
                  [--tune key=v1,v2,... [--tune-seeds T]] [--workers 2] [--out DIR] [key=value ...]
+    rtpo compare --runs RUN [RUN ...] [--out DIR]     (existing run folders: rtpo.compare.existing)
 
 - A method spec is a registered name with optional `:key=value` settings of its Config
   (`grpo:normalize=false`, `rtpo:estimator=leave_one_out`); the spec is the row label.  A method

@@ -46,6 +46,12 @@ def _parser() -> OneLineParser:
     p.add_argument(
         "--tune-seeds", type=int, default=2, help="tuning seeds per candidate, after the reported ones (default 2)"
     )
+    p.add_argument(
+        "--runs",
+        nargs="+",
+        metavar="RUN",
+        help="compare existing run folders (same scenario; seeds of a method are its runs) instead of running",
+    )
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--out", default="runs", help="folder that receives the comparison folder (default runs)")
     add_plugin_option(p)
@@ -59,6 +65,8 @@ def main(argv: list[str]) -> int:
     _init_worker()  # single-threaded torch here too (and before any fork)
     ns = _parser().parse_intermixed_args(argv)
     args = list(ns.args)
+    if ns.runs:
+        return _from_runs(ns, args, argv)
     scenario = args.pop(0) if args and "=" not in args[0] else None
     if ns.seeds < 1:
         return fail(PROG, "--seeds must be >= 1")
@@ -124,6 +132,28 @@ def main(argv: list[str]) -> int:
     print((out / "comparison.md").read_text())
     print(f"rtpo compare: done in {time.perf_counter() - t0:.0f} s; {out}")
     return 1 if any(o.error for o in outcomes) else 0
+
+
+def _from_runs(ns, args: list[str], argv: list[str]) -> int:
+    """--runs RUN...: the tables and figures of existing run folders (rtpo.compare.existing); runs nothing."""
+    from rtpo.compare.existing import from_runs
+    from rtpo.config import ConfigError
+
+    overrides = [r for r in ns.runs if "=" in r and not Path(r).exists()]  # --runs A B key=v takes them in
+    given = [*args, *overrides] + [f"--{k} {getattr(ns, k)}" for k in ("sweep", "tune") if getattr(ns, k)]
+    if given:
+        return fail(PROG, f"--runs compares existing folders; it takes no scenario, override or option ({given[0]})")
+    try:
+        outcomes, meta = from_runs(ns.runs)
+    except ConfigError as e:
+        return fail(PROG, str(e))
+    out = Path(ns.out) / f"compare-runs-{meta['scenario']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    meta["command"] = "rtpo compare " + " ".join(argv)
+    write_outputs(outcomes, meta, out, plots=True)
+    print((out / "comparison.md").read_text())
+    print(f"rtpo compare --runs: {len(outcomes)} run folders; {out}")
+    return 0
 
 
 def _tune(scenario, specs: list[str], ns, args: list[str], sweep, out: Path, tune: Tune) -> tuple[list, dict]:

@@ -39,19 +39,17 @@ class Registry(Generic[T]):
         except TypeError as e:
             raise ValueError(f"{self.kind} {name!r}: {e}") from None
 
-    @contextmanager
-    def override(self, name: str, obj: T) -> Iterator[T]:
-        """Within the block, `get(name)` returns `obj` instead of the registered entry; the entry is back
-        afterwards, also when the block raises.  The name must be registered already (an unknown name is
-        the KeyError of get, listing the valid ones): an override replaces, it never adds.  Consumers that
-        look entries up by name at call time (every method, the claim tests) see the override; a module
-        that bound the function itself at import time does not."""
-        old = self.get(name)
-        self._items[name] = obj
-        try:
-            yield obj
-        finally:
-            self._items[name] = old
+    def override(self, name: str, obj: T) -> _Override[T]:
+        """A context manager: within the block, `get(name)` returns `obj` instead of the registered entry;
+        the entry is back afterwards, also when the block raises.  The name must be registered already
+        (an unknown name is the KeyError of get, listing the valid ones): an override replaces, it never
+        adds.  Consumers that look entries up by name at call time (every method, the claim tests) see
+        the override; a module that bound the function itself at import time does not.
+
+        Only `__exit__` restores: an entered override whose handle is dropped stays in place (a mutant
+        activated for a whole pytest session relies on that; a generator-based context manager would
+        restore the entry whenever the garbage collector closed it)."""
+        return _Override(self, name, obj)
 
     @contextmanager
     def temporary(self) -> Iterator[Registry[T]]:
@@ -72,3 +70,18 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+class _Override(Generic[T]):
+    """Registry.override's context manager (see there)."""
+
+    def __init__(self, registry: Registry[T], name: str, obj: T) -> None:
+        self._registry, self._name, self._obj = registry, name, obj
+        self._old = registry.get(name)  # unknown names fail here, before anything changes
+
+    def __enter__(self) -> T:
+        self._registry._items[self._name] = self._obj
+        return self._obj
+
+    def __exit__(self, *exc: object) -> None:
+        self._registry._items[self._name] = self._old

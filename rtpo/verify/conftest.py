@@ -23,7 +23,7 @@ if _MUTANT:
     from rtpo.verify import mutants
 
     try:
-        mutants.activate(_MUTANT)
+        _UNDO = mutants.activate(_MUTANT)  # held for the session (never called: the process ends)
     except KeyError as err:
         raise pytest.UsageError(str(err.args[0])) from None
 
