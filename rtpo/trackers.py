@@ -23,7 +23,9 @@ its checkpoint; what the killed process gave a tracker for that step and later o
 TensorBoard does it with `purge_step`.  The others cannot take back what they logged, so they are
 written only up to the latest checkpoint: `log` keeps the record, `commit(step)` (called after each
 checkpoint) writes the kept records up to `step`, and `close` drops the rest (the resumed run logs those
-phases again).  A resumed run does not log the hyperparameters again.
+phases again).  A resumed run does not log the hyperparameters again.  A tracker that holds nothing of
+the run yet (added on resume with `logging.trackers=...`, or in a `--resume --iter N` fork) first gets the
+metrics.jsonl lines before `first_step`, so it shows the whole run.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +43,11 @@ from rtpo.core.registry import Registry
 
 
 class Tracker:
-    """Base of a tracker: override what it needs."""
+    """Base of a tracker: override what it needs.  `fresh` (set by `open`): the tracker holds nothing of
+    this run yet, so a run that starts it after phase 1 (a resume that adds it, a `--resume --iter N` fork)
+    gives it the earlier metrics.jsonl lines first."""
+
+    fresh = False
 
     def open(self, run_dir: Path, config: dict[str, Any], first_step: int = 1) -> None:  # noqa: B027
         pass
@@ -85,7 +92,8 @@ class TensorBoardTracker(Tracker):
 
         # purge_step: readers discard events at steps >= first_step written before this point (a killed
         # process logged phases its checkpoint does not cover; the resumed run logs them again)
-        resumed = first_step > 1
+        self.fresh = not (Path(run_dir) / "tensorboard").exists()
+        resumed = first_step > 1 and not self.fresh
         self.writer = SummaryWriter(
             log_dir=str(Path(run_dir) / "tensorboard"), purge_step=first_step if resumed else None
         )
@@ -167,6 +175,7 @@ class WandbTracker(CommittedTracker):
         root = Path(run_dir)
         run_id = _run_id(root)
         resumed = first_step > 1 and any((root / "wandb").glob(f"offline-run-*-{run_id}"))
+        self.fresh = not resumed
         self.run = wandb.init(
             mode="offline",
             dir=str(root),
@@ -209,6 +218,9 @@ class TrackioTracker(CommittedTracker):
             import trackio
         except ImportError as e:
             raise _missing("trackio", "trackio") from e
+        from trackio.sqlite_storage import SQLiteStorage
+
+        self.fresh = SQLiteStorage.get_last_step("rtpo", _run_id(Path(run_dir))) is None
         self._log_path = Path(run_dir) / "logs" / "trackio.log"
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         with self._quiet():
@@ -244,14 +256,27 @@ class TrackioTracker(CommittedTracker):
 
 
 def open_trackers(
-    names: tuple[str, ...] | list[str], run_dir: Path, config: dict[str, Any], first_step: int = 1
+    names: tuple[str, ...] | list[str],
+    run_dir: Path,
+    config: dict[str, Any],
+    first_step: int = 1,
+    history: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> list[Tracker]:
+    """Open the named trackers; one that is fresh in a run past phase 1 first gets `history()` (the
+    metrics.jsonl lines before `first_step`), so every tracker shows the whole run."""
     out: list[Tracker] = []
+    lines = None
     try:
         for name in names:
             tracker = TRACKERS.get(name)()
             tracker.open(run_dir, config, first_step)
             out.append(tracker)
+            if first_step > 1 and tracker.fresh and history is not None:
+                lines = history() if lines is None else lines
+                for line in lines:
+                    if line["global_phase"] < first_step:
+                        tracker.log(line, line["global_phase"])
+                tracker.commit(first_step - 1)
     except BaseException:
         for t in out:  # the ones already open are closed before the refusal
             t.close()

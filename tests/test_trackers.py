@@ -211,3 +211,34 @@ def test_trackio_refuses_to_upload(tmp_path, monkeypatch):
     cfg = load_scenario(None, ["budget.iterations=1", "logging.plot=false", "logging.trackers=[jsonl, trackio]"])
     with pytest.raises(TrackerError, match=r"trackio writes locally only; TRACKIO_SPACE_ID"):
         run_scenario(cfg, out_root=tmp_path, progress=False)
+
+
+def test_a_tracker_added_on_resume_gets_the_whole_run(tmp_path):
+    """`rtpo run --resume RUN budget.iterations=3 logging.trackers=[jsonl, tensorboard, wandb]` on a run that had
+    none: each tracker first gets the earlier metrics.jsonl lines, then the new phases, each once."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests._wandb_offline import segments
+
+    cfg = load_scenario(None, [*SMALL, "budget.iterations=2"])
+    run_dir = run_scenario(cfg, out_root=tmp_path, progress=False).run_dir
+    assert not (run_dir / "tensorboard").exists()
+    run_scenario(
+        None,
+        resume=run_dir,
+        progress=False,
+        overrides=["budget.iterations=3", "logging.trackers=[jsonl, tensorboard, wandb]"],
+    )
+    lines = read_metrics(run_dir)
+    steps = [m["global_phase"] for m in lines]
+    assert steps == list(range(1, 13))
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in acc.Scalars("budget/rollouts")] == [
+        (m["global_phase"], m["budget/rollouts"]) for m in lines
+    ]
+    (seg,) = segments(run_dir)
+    assert sorted(seg["history"]) == steps
+    assert seg["config"]["budget"]["iterations"] == 3  # the scenario as it now runs, once
