@@ -28,6 +28,9 @@ class BuiltBackend:
     evaluate:           () -> metrics of the learner's current policy (tabular: exact value, V*, ratio).
     sampler_state:      () -> picklable sampler weights (they may lag the learner's between syncs).
     load_sampler_state: restores what sampler_state returned.
+    sample_log:         optional (n) -> the episodes kept since the last call, then keep the first n that
+                        finish from now on (llm: question, turns, answer, reward); the runner saves a few
+                        per iteration (logging.generations_per_iteration).
     sampler_state_at_boundary: optional () -> what to checkpoint for the sampler between iterations, where
                         every method's `begin` pushes the learner's weights first (Algorithm 1 step 2.1), so
                         the weights the sampler holds are never used again (llm: a marker, not a second copy
@@ -45,6 +48,7 @@ class BuiltBackend:
     sampler_state: Callable[[], Any]
     load_sampler_state: Callable[[Any], None]
     sampler_state_at_boundary: Callable[[], Any] | None = None
+    sample_log: Callable[[int], list[dict]] | None = None
     num_queries: int | None = None
     value_key: str = "eval/value"
     optimum_key: str | None = None

@@ -59,6 +59,8 @@ CHECKPOINT_ID = "checkpoint.id"
 SUMMARY = "summary.md"
 SUMMARY_JSON = "summary.json"
 CURVE = "learning_curve.png"
+PROVENANCE = "provenance.json"  # git commit, package versions, command line of each process (rtpo.provenance)
+GENERATIONS_DIR = "generations"  # RUN/generations/iter_N.jsonl: a few episodes of iteration N (llm runs)
 HF_DIR = "hf"  # RUN/hf/iter_N: Hugging Face folders written during the run (logging.hf_export_every)
 LEARNER_PREFIX = "learner-"  # ckpt/<name>/learner-<k>/: a learner's own sharded state (DCP)
 DCP_FORMAT = "torch-dcp"
@@ -300,6 +302,12 @@ def latest_path(run_dir: Path) -> Path | None:
 def hf_export_path(run_dir: Path, iteration: int) -> Path:
     """RUN/hf/iter_N: the Hugging Face folder of the policy after N iterations (logging.hf_export_every)."""
     return Path(run_dir) / HF_DIR / checkpoint_name(iteration)
+
+
+def generations_path(run_dir: Path, iteration: int) -> Path:
+    """RUN/generations/iter_N.jsonl: the first few episodes sampled in iteration N (0-based, as metrics'
+    `iteration`), one JSON object a line (logging.generations_per_iteration)."""
+    return Path(run_dir) / GENERATIONS_DIR / f"iter_{iteration}.jsonl"
 
 
 def has_checkpoint(run_dir: Path) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from rtpo import checkpoint
+from rtpo import checkpoint, provenance
 from rtpo.backends import BuiltBackend, get_backend
 from rtpo.checkpoint import (
     CONFIG,
@@ -303,6 +303,7 @@ def run_scenario(
 
             built = distribute(built, cfg, cfg.backend.distributed, cfg.resources, cfg.backend.address)
         try:
+            source = run_dir if resume is not None else None
             if resume is None:
                 run_dir = _new_run_dir(Path(out_root), cfg)
                 atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
@@ -311,6 +312,7 @@ def run_scenario(
             elif config_changed:
                 atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
             libs.attach(run_dir)
+            provenance.record(run_dir, resumed=resume is not None, source=source)
             return _run_loop(cfg, built, run_dir, state, progress)
         finally:
             if isinstance(built.ctx, Closeable):
@@ -341,6 +343,15 @@ def _export_hf(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, prog: _P
         "seed": cfg.seed,
     }
     get_backend(cfg.backend.kind).export(cfg, built.ctx.learner.weights(), out, manifest)
+
+
+def _write_generations(run_dir: Path, iteration: int, episodes: list[dict]) -> None:
+    """RUN/generations/iter_<iteration>.jsonl, atomically (a resume from the iteration's start rewrites
+    the same lines)."""
+    path = checkpoint.generations_path(run_dir, iteration)
+    path.parent.mkdir(exist_ok=True)
+    lines = (json.dumps({"iteration": iteration, **e}, default=_jsonable) + "\n" for e in episodes)
+    atomic_write_text(path, "".join(lines))
 
 
 def run_in_memory(cfg: ScenarioConfig, built: BuiltBackend | None = None, progress: bool = False) -> RunResult:
@@ -451,7 +462,12 @@ def _run_loop(
                         prog.stopped_by = spent()
                         break
                     ids = _query_ids(prog.iteration, budget_cfg.queries_per_iteration, built.num_queries)
+                    keep = cfg.logging.generations_per_iteration if built.sample_log and run_dir is not None else 0
+                    if keep:
+                        built.sample_log(keep)
                     prog.it_state = method.begin(ctx, ids)
+                    if keep:  # written before the iteration's first checkpoint: a resume never redoes begin
+                        _write_generations(run_dir, prog.iteration, built.sample_log(0))
                     prog.phase_in_iter = 0
                     prog.phases_in_iter = len(prog.it_state.pending)
                 if not prog.it_state.pending:

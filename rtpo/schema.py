@@ -149,6 +149,12 @@ class LoggingConfig(Section):
         description="iteration checkpoints kept under RUN/ckpt/iter_N (the newest N; null = all) for "
         "`rtpo eval|export --iter N` and `rtpo run --resume RUN --iter N`",
     )
+    generations_per_iteration: int = Field(
+        4,
+        ge=0,
+        description="llm runs: the first N episodes that finish in each iteration's first sampling (trunks or "
+        "groups) go to RUN/generations/iter_<i>.jsonl: question, turns, answer, reward (0 = none)",
+    )
     hf_export_every: int | None = Field(
         None,
         ge=1,

@@ -97,4 +97,5 @@ def distribute(
         sampler_state=sampler_state,
         load_sampler_state=load_sampler_state,
         sampler_state_at_boundary=None,  # the workers' weights are checkpointed as they are
+        sample_log=None,  # the episodes finish on the workers
     )

@@ -299,6 +299,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         load_sampler_state=sampler.load_state,
         # between iterations the checkpoint keeps no second copy of the weights: begin() pushes them anyway
         sampler_state_at_boundary=lambda: TrackedSampler.RESYNC,
+        sample_log=getattr(env, "sample_log", None),
         num_queries=side.num_queries,
         value_key="eval/value",
         sampled_eval=sampled,

@@ -166,6 +166,8 @@ class LLMEnv:
         self.gamma = gamma
         self.max_calls_per_turn = max_calls_per_turn
         self._verifier = verifier
+        self._capture = 0  # finished episodes still to keep for sample_log (logging.generations_per_iteration)
+        self._captured: list[dict] = []
         self.tool_threads = tool_threads
         self._prompts: dict[int, np.ndarray] = {}
         self.metrics: collections.Counter = collections.Counter()
@@ -347,8 +349,10 @@ class LLMEnv:
                 continue
             out.append(nxt)
         t0 = time.perf_counter()
-        for (i, _, _), r in zip(to_score, self._score_many([(a, e) for _, a, e in to_score])):
+        for (i, answer, e), r in zip(to_score, self._score_many([(a, e) for _, a, e in to_score])):
             reward[i] = r
+            if self._capture > len(self._captured):
+                self._captured.append(_episode_record(e, texts[i], answer, r))
         if to_score:
             m["time/score_s"] += time.perf_counter() - t0
         m["malformed"] += int(malformed.sum())
@@ -363,6 +367,13 @@ class LLMEnv:
         return out, outcome
 
     # ------------------------------------------------------------------ helpers
+
+    def sample_log(self, n: int) -> list[dict]:
+        """The finished episodes kept since the last call (at most the n of that call), and keep the
+        first `n` that finish from now on (0: none).  Each is a plain dict: query_id, question, gold,
+        turns (role, text; the assistant's raw text with its thinking), answer, reward."""
+        out, self._captured, self._capture = self._captured, [], int(n)
+        return out
 
     def pop_metrics(self) -> dict[str, float]:
         """Counters since the last call (tool calls, their outcomes, malformed turns, answer statuses)."""
@@ -408,6 +419,18 @@ class LLMEnv:
             ((name, params),) = t.items()
             return make_tool(name, **dict(params or {}))
         return t
+
+
+def _episode_record(e: ChatEpisode, last: str, answer: str | None, reward: float) -> dict:
+    turns = [{"role": role, "text": text} for role, text in e.history] + [{"role": "assistant", "text": last}]
+    return {
+        "query_id": int(e.query_id),
+        "question": _question(e.item),
+        "gold": str(getattr(e.item, "answer", "")),
+        "turns": turns,
+        "answer": answer,
+        "reward": float(reward),
+    }
 
 
 def _question(item: Any) -> str:

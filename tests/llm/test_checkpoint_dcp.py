@@ -48,6 +48,9 @@ SMALL = [
 ]
 
 
+MODELS: list[Path] = []  # one model cache for the module: every run starts from the same model folder
+
+
 def _args(tmp: Path, iterations: int, extra=()) -> list[str]:
     return [
         "run",
@@ -55,7 +58,7 @@ def _args(tmp: Path, iterations: int, extra=()) -> list[str]:
         *SMALL,
         *extra,
         f"budget.iterations={iterations}",
-        f"backend.model_cache={tmp.parent / 'models'}",
+        f"backend.model_cache={MODELS[0] if MODELS else tmp.parent / 'models'}",
         "--out",
         str(tmp),
         "--no-progress",
@@ -68,7 +71,24 @@ def _only_run(out: Path) -> Path:
 
 
 def _untimed(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in checkpoint.read_metrics(run_dir)]
+    """The metric lines without wall-clock figures (time/*, rates per second)."""
+    return [
+        {k: v for k, v in m.items() if not (k.startswith(("time/", "ray/")) or k.endswith("_per_s"))}
+        for m in checkpoint.read_metrics(run_dir)
+    ]
+
+
+def _diff(a: list[dict], b: list[dict]) -> list:
+    """(line, key, a, b) of every metric that differs: empty when the runs agree."""
+    out = [("lines", len(a), len(b))] if len(a) != len(b) else []
+    for i, (x, y) in enumerate(zip(a, b)):
+        out += [(i, k, x.get(k), y.get(k)) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+    return out
+
+
+def _generations(run_dir: Path) -> dict[str, str]:
+    folder = run_dir / checkpoint.GENERATIONS_DIR
+    return {p.name: p.read_text() for p in sorted(folder.iterdir())}
 
 
 def _weights(run_dir: Path, name: str | None = None) -> dict[str, torch.Tensor]:
@@ -84,6 +104,7 @@ def _same_weights(a: dict, b: dict) -> bool:
 def runs(tmp_path_factory) -> dict[str, Path]:
     """An unbroken 2-iteration run, and a 1-iteration run of the same scenario."""
     root = tmp_path_factory.mktemp("dcp")
+    MODELS[:] = [root / "models"]
     out = {}
     for name, iterations in (("two", 2), ("one", 1)):
         assert cli.main(_args(root / name, iterations)) == 0
@@ -120,8 +141,9 @@ def test_resume_with_a_larger_budget_is_exact(runs, tmp_path):
     run = tmp_path / "one"
     shutil.copytree(runs["one"], run)
     assert cli.main(["run", "--resume", str(run), "budget.iterations=2", "--no-progress"]) == 0
-    assert _untimed(run) == _untimed(runs["two"])
+    assert _diff(_untimed(run), _untimed(runs["two"])) == []
     assert _same_weights(_weights(run), _weights(runs["two"]))
+    assert _generations(run) == _generations(runs["two"])
     # the end-of-run checkpoint reuses the last phase's shards (nothing changed): one folder per position
     assert sorted(p.name for p in (run / checkpoint.CKPT_DIR / "iter_2").iterdir()) == ["learner-1", "state.ckpt"]
 
@@ -137,10 +159,12 @@ def test_fork_from_an_iteration_links_the_shards(runs, tmp_path):
 _KILLER = textwrap.dedent(
     """
     import os, signal, sys
+    import torch
     import torch.distributed.checkpoint.filesystem as fs
     from rtpo import checkpoint
 
-    where, attr, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    where, attr, n, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    torch.set_num_threads(threads)  # the test process's: float sums (and so the metrics) depend on it
     owner = {"checkpoint": checkpoint, "writer": fs.FileSystemWriter}[where]
     real = getattr(owner, attr)
     calls = [0]
@@ -154,7 +178,7 @@ _KILLER = textwrap.dedent(
     setattr(owner, attr, wrapped)
     from rtpo.cli import main
 
-    sys.exit(main(sys.argv[4:]))
+    sys.exit(main(sys.argv[5:]))
     """
 )
 
@@ -165,13 +189,14 @@ KILL_POINTS = {
 }
 
 
+@pytest.mark.slow  # subprocess runs killed inside a DCP write: 24 s together
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 def test_sigkill_inside_a_dcp_write_resumes_exactly(point, runs, tmp_path):
     where, attr, n = KILL_POINTS[point]
     out = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-c", _KILLER, where, attr, str(n), *_args(out, 2)],
+        [sys.executable, "-c", _KILLER, where, attr, str(n), str(torch.get_num_threads()), *_args(out, 2)],
         env=env,
         capture_output=True,
         text=True,
@@ -183,8 +208,9 @@ def test_sigkill_inside_a_dcp_write_resumes_exactly(point, runs, tmp_path):
     assert (run / checkpoint.CKPT_DIR / "iter_1_phase_1").is_dir()  # the torn one, not named by latest
     assert _same_weights(_weights(run), _weights(runs["one"]))  # the previous checkpoint loads, intact
     assert cli.main(["run", "--resume", str(run), "--no-progress"]) == 0
-    assert _untimed(run) == _untimed(runs["two"])
+    assert _diff(_untimed(run), _untimed(runs["two"])) == []
     assert _same_weights(_weights(run), _weights(runs["two"]))
+    assert _generations(run) == _generations(runs["two"])  # iteration 1's were written before its checkpoints
     assert sorted(p.name for p in (run / checkpoint.CKPT_DIR).iterdir()) == ["iter_1", "iter_2", "latest"]
 
 
@@ -208,6 +234,28 @@ def test_a_rewrite_of_the_same_position_that_fails_keeps_the_old_shards(runs, tm
     assert _same_weights(_weights(run), before)  # state.ckpt still names learner-1
     checkpoint.discard_uncommitted(run)
     assert sorted(p.name for p in (run / checkpoint.CKPT_DIR / "iter_1").iterdir()) == ["learner-1", "state.ckpt"]
+
+
+def test_a_few_generations_per_iteration_as_jsonl(runs):
+    import json
+
+    from rtpo.config import load_scenario
+    from rtpo.llm.build import load_task
+
+    run = runs["two"]
+    cfg = load_scenario(run / checkpoint.CONFIG)
+    assert cfg.logging.generations_per_iteration == 4
+    questions = {i: item.question for i, item in enumerate(load_task(cfg.task, "train").items)}
+    assert sorted(_generations(run)) == ["iter_0.jsonl", "iter_1.jsonl"]
+    for it in (0, 1):
+        rows = [json.loads(x) for x in checkpoint.generations_path(run, it).read_text().splitlines()]
+        assert len(rows) == 4 and all(r["iteration"] == it for r in rows)
+        for r in rows:
+            assert r["question"] == questions[r["query_id"] % len(questions)]
+            assert r["turns"][-1]["role"] == "assistant" and 1 <= len(r["turns"]) <= 2 * cfg.task.num_turns - 1
+            assert r["reward"] in (0.0, 1.0) and set(r) >= {"gold", "answer"}
+        # the trunks of iteration `it`: queries it*4 .. it*4+3 (budget.queries_per_iteration = 4)
+        assert {r["query_id"] for r in rows} <= set(range(4 * it, 4 * it + 4))
 
 
 def _one_line(capsys, args, match: str) -> None:
@@ -261,15 +309,17 @@ def test_a_run_in_the_older_pickled_format_still_resumes(runs, tmp_path, monkeyp
     assert isinstance(state["learner"]["model"], dict) and isinstance(state["sampler"], dict)
     assert not list((run / checkpoint.CKPT_DIR / "iter_1").glob("learner-*"))
     assert cli.main(["run", "--resume", str(run), "budget.iterations=2", "--no-progress"]) == 0
-    assert _untimed(run) == _untimed(runs["two"])
+    assert _diff(_untimed(run), _untimed(runs["two"])) == []
     assert _same_weights(_weights(run), _weights(runs["two"]))
     assert checkpoint.read_checkpoint(checkpoint.latest_path(run))["learner"]["format"] == "torch-dcp"
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_write_one_shard_each_and_resume_exactly(tmp_path):
+def test_two_gloo_ranks_write_one_shard_each_and_resume_exactly(tmp_path, request):
     """backend.world_size=2: rank 0 in the run's process, rank 1 spawned; each writes its own shard."""
     extra = ["backend.world_size=2", "backend.threads_per_rank=1"]
+    threads = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(threads))  # threads_per_rank sets this process's too
     assert cli.main(_args(tmp_path / "two", 2, extra)) == 0
     assert cli.main(_args(tmp_path / "one", 1, extra)) == 0
     two, one = _only_run(tmp_path / "two"), _only_run(tmp_path / "one")
