@@ -80,11 +80,13 @@ def _compare(tmp_path: Path, pythonpath: list[Path], args: list[str]) -> Path:
     return run.parent
 
 
+@pytest.mark.slow  # fresh processes through run, eval and resume: 16 s
 def test_plugin_flag_through_run_eval_resume(tmp_path):
     run = _run_eval_resume(tmp_path, [ROOT, EXAMPLE], ["--plugin", "rtpo_plugin_example"])
     assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["rtpo_plugin_example"]
 
 
+@pytest.mark.slow  # fresh compare processes: 10 s
 def test_plugin_flag_in_compare_and_missing_plugin_is_one_line(tmp_path):
     run = _compare(tmp_path, [ROOT, EXAMPLE], ["--plugin", "rtpo_plugin_example"])
     assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["rtpo_plugin_example"]
@@ -113,12 +115,14 @@ def installed_example(tmp_path_factory) -> Path:
     return site
 
 
+@pytest.mark.slow  # pip-installs the example, then fresh processes: 14 s
 def test_entry_point_through_run_eval_resume_needs_no_flag(tmp_path, installed_example):
     """The entry point loads in every process, so nothing is recorded and no flag is needed."""
     run = _run_eval_resume(tmp_path, [ROOT, installed_example], [])
     assert "plugins" not in yaml.safe_load((run / "config.yaml").read_text())
 
 
+@pytest.mark.slow  # fresh compare processes on the installed example: 9 s
 def test_entry_point_in_compare_and_switched_off(tmp_path, installed_example):
     _compare(tmp_path, [ROOT, installed_example], [])
     off = _rtpo(

@@ -328,8 +328,11 @@ class FSDPLearner:
         log_p = torch.log_softmax(logits, dim=-1)
         lp = log_p.gather(-1, target[..., None]).squeeze(-1)  # (b, r_max)
         keep = torch.as_tensor(np.arange(r_max)[None, :] >= (r_max - rsp.lengths)[:, None], device=self.device)
-        with torch.no_grad():  # policy entropy H = -sum_v p_v log p_v at each response token (at temperature T)
-            self._entropy = -(log_p.exp() * log_p).sum(-1)[keep]
+        if model is self.model:  # the KL reference's entropy is not a metric: not computed
+            with torch.no_grad():  # policy entropy H = -sum_v p_v log p_v at each response token (at temperature T)
+                plogp = log_p.exp().mul_(log_p)  # one vocab-sized temporary, not two
+                self._entropy = -plogp.sum(-1)[keep]
+                del plogp
         return lp[keep]  # row-major: each row's response tokens in order
 
     # -- Learner protocol ------------------------------------------------------------------------

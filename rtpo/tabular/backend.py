@@ -212,7 +212,11 @@ class TabularLearner:
         closed_form: bool = True,
     ) -> None:
         self.policy = policy
-        self.closed_form = bool(closed_form) and isinstance(policy, SoftmaxTable)
+        # the closed form runs torch's own log_softmax backward kernel (bit-identical to autograd); a torch
+        # without that op takes autograd
+        self.closed_form = (
+            bool(closed_form) and isinstance(policy, SoftmaxTable) and hasattr(torch, "_log_softmax_backward_data")
+        )
         self._flat: tuple[TurnBatch, FlatBatch] | None = None
         p = torch.as_tensor(np.array(params, dtype=np.float64, copy=True))
         parts = list(p.unbind(0)) if policy.turn_separable else [p]

@@ -27,7 +27,7 @@ def test_topk_entropy_by_hand():
     assert (ENTROPY_TOKENS, ENTROPY_TOP_K) == (20, 10)  # ARPO's public rollout code
 
 
-@pytest.mark.parametrize("name", ["hf", "vllm"])
+@pytest.mark.parametrize("name", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])  # vllm starts vLLM
 def test_probe_topk_logprobs_match_the_hf_model(request, name, contexts, hf_reference):
     """The probe's top-k log-probs are the processed (temperature) ones of the model at the probe's own
     tokens: vLLM's (logprobs=k) and HF's top-k of a teacher-forced forward agree within ATOL."""

@@ -189,6 +189,7 @@ KILL_POINTS = {
 }
 
 
+@pytest.mark.slow  # subprocess runs killed inside a DCP write: 24 s together
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 def test_sigkill_inside_a_dcp_write_resumes_exactly(point, runs, tmp_path):
     where, attr, n = KILL_POINTS[point]

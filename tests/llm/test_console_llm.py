@@ -36,7 +36,7 @@ def test_tiny_cpu_learn_console_holds_rtpo_lines_only(tmp_path):
             "budget.iterations=1",
             "logging.progress=true",
             "--out",
-            str(tmp_path / "runs"),
+            str(tmp_path / "out"),  # (runs/.models under cwd holds the tiny model)
         ],
         capture_output=True,
         text=True,
@@ -49,7 +49,7 @@ def test_tiny_cpu_learn_console_holds_rtpo_lines_only(tmp_path):
     lines = r.stdout.splitlines()
     assert [line for line in lines if not RTPO_LINE.match(line)] == []
     assert sum(line.startswith("it 1/1 phase ") for line in lines) == 2  # K = 2 phases, one line each
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    (run_dir,) = (tmp_path / "out").iterdir()
     logs = run_dir / "logs"
     assert "Failed to load weights" in (logs / "vllm.log").read_text()  # vLLM's lines are kept, in the folder
     assert "Loading safetensors checkpoint shards" in (logs / "stderr.log").read_text()
