@@ -41,15 +41,9 @@ class TrainResult:
 
 def _merge(node: dict, key: str, value: Any) -> None:
     """Set `key` (dotted) in the raw mapping; a mapping value merges into an existing section."""
-    parts = key.split(".")
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
-        node = child
-    last = parts[-1]
+    from rtpo.config import dotted_parent
+
+    node, last = dotted_parent(node, key)
     if isinstance(value, Mapping) and isinstance(node.get(last), dict):
         for k, v in value.items():
             _merge(node[last], str(k), v)

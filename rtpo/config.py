@@ -158,6 +158,13 @@ def apply_override(data: dict, override: str) -> None:
     value = parse_yaml(raw, key) if raw.strip() else None
     if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)):
         raise ConfigError(f"{key}: override value must be a scalar or a list of scalars, got {_fmt_input(raw)}")
+    node, last = dotted_parent(data, key)
+    node[last] = value
+
+
+def dotted_parent(data: dict, key: str) -> tuple[dict, str]:
+    """(the section that holds `key`'s last part, that part) for a dotted key in a raw mapping; missing
+    sections on the way are created, a value standing where a section should be is a ConfigError."""
     parts = key.split(".")
     node = data
     for i, part in enumerate(parts[:-1]):
@@ -167,7 +174,7 @@ def apply_override(data: dict, override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
         node = child
-    node[parts[-1]] = value
+    return node, parts[-1]
 
 
 def load_scenario(
