@@ -126,8 +126,10 @@ def _iteration(cfg) -> IterationRecord:
                 for k, v in p.items():
                     if k.startswith("env/"):
                         counters[k] = counters.get(k, 0.0) + v
-        else:  # one process: the counters are still in the environment the chunks ran on
-            counters = {f"env/{k}": float(v) for k, v in ctx.sampler.executor.env.pop_metrics().items()}
+        else:  # one process: the counters are still in the environment the episodes ran on
+            executor = getattr(ctx.sampler, "executor", None)  # sharded: the chunks' env; none: ctx.env
+            env = executor.env if executor is not None else ctx.env
+            counters = {f"env/{k}": float(v) for k, v in env.pop_metrics().items()}
         counters = {k: v for k, v in counters.items() if not k.startswith("env/time/")}
     finally:
         getattr(ctx, "shutdown", lambda: None)()
