@@ -52,13 +52,15 @@ def test_run_reports_trunk_outcomes_and_a_consistent_ratio(run_dir):
 
 
 def test_eval_of_the_run_folder_reports_appendix_g_metrics(run_dir, capsys):
-    rc = cli.main(["eval", str(run_dir), "--samples", "4", "--k", "1,4", "--queries", "2"])
+    # 2 samples of 1 problem: the HF engine replays the long airline prompt per sample, so each one costs
+    # ~45 s on 2 cores; the keys checked do not depend on the count
+    rc = cli.main(["eval", str(run_dir), "--samples", "2", "--k", "1,2", "--queries", "1"])
     out = capsys.readouterr().out
     assert rc == 0
     report = json.loads(Path(out.strip().splitlines()[-1].removeprefix("wrote ")).read_text())
     for key in (
         "pass@1",
-        "pass@4",
+        "pass@2",
         "normal_termination_rate",
         "truncation_rate",
         "tokens_per_turn",
@@ -68,5 +70,5 @@ def test_eval_of_the_run_folder_reports_appendix_g_metrics(run_dir, capsys):
         "tokens_per_success",
     ):
         assert key in report, key
-    assert report["num_problems"] == 2 and report["samples_per_problem"] == 4
+    assert report["num_problems"] == 1 and report["samples_per_problem"] == 2
     assert 0.0 <= report["normal_termination_rate"] <= 1.0
