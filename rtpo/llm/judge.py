@@ -86,7 +86,7 @@ class JudgeScorer:
         ask: list[int] = []
         rule: list[tuple[float, float]] = []
         for i, (a, g) in enumerate(zip(answers, golds)):
-            gs = (g,) if isinstance(g, str) else tuple(g)
+            gs = _golds(g)
             if a is None:
                 out[i] = QAResult(0.0, "no_answer", "judge", {"f1": 0.0, "em": 0.0, "judge": 0.0})
                 rule.append((0.0, 0.0))
