@@ -15,7 +15,9 @@ Every measurement runs in a fresh Python process, which reports its own peak res
           model (one left-padded forward, logits for the response positions only, the same core loss,
           global-norm clipping, AdamW) on one
           batch of tiny-cpu's phase shape (8 rows, contexts of 60-140 tokens, responses of 24),
-          interleaved rounds, minimum per side; no vLLM in that process.
+          interleaved rounds, minimum per side; no vLLM in that process.  The same learner wrapped in
+          FSDP2 on its one rank (LearnerConfig.fsdp_one_rank) is timed beside them: what skipping
+          FSDP's single-rank all-gather and reduce-scatter copies saves.
 
 run_over_floor is the issue's peak-RSS ratio (target ≤ 1.25), learner_over_plain its step-time ratio
 (target ≤ 1.05).  The JSON records the load average before and after.
@@ -181,7 +183,7 @@ def child_train_memory(kind: str) -> dict:
     return {"peak_rss_bytes": _peak_rss_bytes()}
 
 
-def _fsdp_learner(model_dir, loss, b, train):
+def _fsdp_learner(model_dir, loss, b, train, fsdp_one_rank: bool = False):
     from rtpo.llm.learner import FSDPLearner, LearnerConfig
 
     lcfg = LearnerConfig(
@@ -194,6 +196,7 @@ def _fsdp_learner(model_dir, loss, b, train):
         param_dtype=b.param_dtype,
         mixed_precision=b.mixed_precision,
         gradient_checkpointing=b.gradient_checkpointing,
+        fsdp_one_rank=fsdp_one_rank,
     )
     return FSDPLearner(model_dir, lcfg)
 
@@ -207,12 +210,14 @@ def child_learner(rounds: int) -> dict:
     cfg, model_dir = _model_dir()
     loss, b, train = _settings(cfg)
     learner = _fsdp_learner(model_dir, loss, b, train)
+    fsdp = _fsdp_learner(model_dir, loss, b, train, fsdp_one_rank=True)  # what one rank saves by skipping FSDP
     model = load_hf_model(model_dir).train()
     ref_model = load_hf_model(model_dir).requires_grad_(False) if loss.kl_coef > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=b.weight_decay)
     batch = _phase_batch(int(model.config.vocab_size))
     jobs = {
         "learner": lambda: learner.train_step(batch, loss),
+        "fsdp_one_rank": lambda: fsdp.train_step(batch, loss),
         "plain": lambda: _plain_step(model, ref_model, opt, batch, loss, b.temperature, b.grad_clip),
     }
     for job in jobs.values():  # warm-up
@@ -223,7 +228,12 @@ def child_learner(rounds: int) -> dict:
             t0 = time.perf_counter()
             jobs[name]()
             best[name] = min(best[name], time.perf_counter() - t0)
-    return {"learner_step_s": best["learner"], "plain_step_s": best["plain"]}
+    return {
+        "learner_step_s": best["learner"],
+        "plain_step_s": best["plain"],
+        "fsdp_one_rank_step_s": best["fsdp_one_rank"],
+        "fsdp_one_rank_over_plain": best["fsdp_one_rank"] / best["plain"],
+    }
 
 
 def _spawn(kind: str, *args: str) -> dict:

@@ -59,6 +59,10 @@ class LearnerConfig:
     cache_weights:      `weights` returns the same snapshot while the parameters are unchanged (no second
                         gather) and tags it with the learner's version, so an engine can skip reloading
                         weights it already holds (RTPO's first phase syncs the θ its trunks ran under).
+    fsdp_one_rank:      wrap the model in FSDP2 even with world size 1.  Off by default: on one rank there
+                        is nothing to shard, and FSDP's all-gather and reduce-scatter only copy every weight
+                        and gradient on each pass (bench/llm_memory.json, learner.fsdp_one_rank_step_s).
+                        Mixed precision always takes FSDP (its MixedPrecisionPolicy casts the weights).
     """
 
     lr: float = 1e-6
@@ -74,6 +78,7 @@ class LearnerConfig:
     gradient_checkpointing: bool = False
     reuse_ratio_forward: bool = True
     cache_weights: bool = True
+    fsdp_one_rank: bool = False
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -176,6 +181,19 @@ def _same_rows(a: TurnBatch, b: TurnBatch) -> bool:
     return all(x.shape == y.shape and np.array_equal(x, y) for x, y in pairs)
 
 
+@torch.no_grad()
+def _entropy(log_p: torch.Tensor) -> torch.Tensor:
+    """H = -sum_v p_v log p_v over the last axis of log-probs (b, n, V), one row at a time through one
+    reused (n, V) buffer: no temporary of the whole (b, n, V) (a fresh vocab-sized allocation is page
+    faults and zeroing on every call, ~5% of a tiny-cpu train step)."""
+    out = torch.empty(log_p.shape[:-1], dtype=log_p.dtype, device=log_p.device)
+    buf = torch.empty(log_p.shape[1:], dtype=log_p.dtype, device=log_p.device)
+    for i in range(log_p.shape[0]):
+        torch.exp(log_p[i], out=buf)
+        torch.sum(buf.mul_(log_p[i]), dim=-1, out=out[i])
+    return out.neg_()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -259,10 +277,16 @@ class FSDPLearner:
             dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size)
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        """FSDP2: one unit per decoder layer, plus the root (embeddings, final norm, tied lm_head)."""
+        """FSDP2: one unit per decoder layer, plus the root (embeddings, final norm, tied lm_head).
+
+        One rank without mixed precision keeps the plain module (LearnerConfig.fsdp_one_rank): the
+        parameter names, state dicts and DCP checkpoints are the same (a shard of one rank is the
+        whole tensor), so checkpoints load across world sizes either way."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         model = model.to(self.device)
+        if self.world_size == 1 and self.cfg.mixed_precision is None and not self.cfg.fsdp_one_rank:
+            return model
         kwargs: dict[str, Any] = {"mesh": self.mesh}
         if self.cfg.mixed_precision is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(
@@ -329,10 +353,7 @@ class FSDPLearner:
         lp = log_p.gather(-1, target[..., None]).squeeze(-1)  # (b, r_max)
         keep = torch.as_tensor(np.arange(r_max)[None, :] >= (r_max - rsp.lengths)[:, None], device=self.device)
         if model is self.model:  # the KL reference's entropy is not a metric: not computed
-            with torch.no_grad():  # policy entropy H = -sum_v p_v log p_v at each response token (at temperature T)
-                plogp = log_p.exp().mul_(log_p)  # one vocab-sized temporary, not two
-                self._entropy = -plogp.sum(-1)[keep]
-                del plogp
+            self._entropy = _entropy(log_p)[keep]
         return lp[keep]  # row-major: each row's response tokens in order
 
     # -- Learner protocol ------------------------------------------------------------------------
@@ -406,8 +427,10 @@ class FSDPLearner:
         micro = plan[self.rank]
         cached, self._fwd_cache = self._fwd_cache, None
         reuse = cached is not None and len(micro) == 1 and cached[0] == self._version and _same_rows(cached[1], batch)
+        grad_sync = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP only
         for m, rows in enumerate(micro):
-            self.model.set_requires_gradient_sync(m == len(micro) - 1)
+            if grad_sync is not None:
+                grad_sync(m == len(micro) - 1)
             # the ratio pass's forward at these very weights and rows is this forward: reuse its graph
             logp = cached[2] if reuse else self._token_logp(self.model, batch, rows)
             if rows.size == 0:

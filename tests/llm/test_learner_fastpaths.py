@@ -123,4 +123,28 @@ def test_tied_weights_are_stored_once(tiny_model_dir):
         emb, head = sd["model.embed_tokens.weight"], sd["lm_head.weight"]
         assert emb.data_ptr() == head.data_ptr()
         live = dict(learner.model.named_parameters())["model.embed_tokens.weight"]
-        assert emb.data_ptr() != live.to_local().data_ptr()  # a copy beside live state, shared by both names
+        assert (
+            emb.data_ptr() != live.data_ptr()
+        )  # one rank: a plain module (LearnerConfig.fsdp_one_rank)  # a copy beside live state, shared by both names
+
+
+def test_one_rank_without_fsdp_equals_fsdp_bit_for_bit(tiny_model_dir):
+    """World size 1 skips FSDP2 (LearnerConfig.fsdp_one_rank=False): two steps with the KL term (its
+    reference forward too) give the same metrics, entropy included, and the same weights, bit for bit,
+    as the FSDP-wrapped learner; the row-wise entropy equals the whole-tensor formula."""
+    from rtpo.llm.learner import _entropy
+
+    cfg = dataclasses.replace(CFG, kl_reference=True, micro_batch_tokens=40)  # several micro-batches
+    loss = LossConfig(clip_eps=0.2, kl_coef=0.1)
+    plain, fsdp = (
+        FSDPLearner(tiny_model_dir, cfg),
+        FSDPLearner(tiny_model_dir, dataclasses.replace(cfg, fsdp_one_rank=True)),
+    )
+    assert not hasattr(plain.model, "set_requires_gradient_sync") and hasattr(fsdp.model, "set_requires_gradient_sync")
+    for seed in (3, 4):
+        batch = make_batch(tiny_model_dir, seed)
+        assert plain.train_step(batch, loss) == fsdp.train_step(batch, loss)
+    a, b = plain.weights(), fsdp.weights()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    log_p = torch.log_softmax(torch.randn(3, 5, 97, generator=torch.Generator().manual_seed(0)), -1)
+    assert torch.equal(_entropy(log_p), -(log_p.exp() * log_p).sum(-1))
