@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -47,3 +48,37 @@ def test_render_units():
     assert figures.render(163_000.4, "9.1k/s") == "163.0k/s"
     assert figures.render(0.0072, "0.17 ms") == "7.20 ms"
     assert figures.render(1234.5, "1,000") == "1,234"
+
+
+def test_selector_matches_every_pair_and_values_may_hold_equals(tmp_path):
+    (tmp_path / "docs" / "results" / "k").mkdir(parents=True)
+    rows = [
+        {"sweep": "3", "method": "rtpo:G=3", "v": {"mean": 0.5}},
+        {"sweep": "10", "method": "rtpo:G=3", "v": {"mean": 0.25}},
+        {"sweep": "10", "method": "grpo", "v": {"mean": 0.75}},
+    ]
+    (tmp_path / "docs" / "results" / "k" / "comparison.json").write_text(json.dumps({"rows": rows}))
+    target = "docs/results/k/comparison.json"
+    (tmp_path / "README.md").write_text(
+        f'RTPO [0.250]({target} "rows[sweep=10&method=rtpo:G=3].v.mean") vs [0.75]({target} "rows[sweep=10].v.mean")\n'
+    )
+    bad = figures.check(tmp_path)
+    # the first pair matches one row; a selector that matches two rows is reported, not guessed
+    assert len(bad) == 1 and "2 elements with sweep=10" in bad[0]
+
+
+def test_a_link_to_json_outside_the_committed_outputs_is_a_problem(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "x.json").write_text(json.dumps({"r": 1.0}))
+    (tmp_path / "README.md").write_text('ratio [1.0×](runs/x.json "r")\n')
+    bad = figures.check(tmp_path)
+    assert len(bad) == 1 and "not committed output" in bad[0]
+
+
+def test_readme_results_summary_quotes_only_linked_figures():
+    """The Baselines summary's results (values, intervals, rates) are links into docs/results/*.json."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Baselines and the equal-budget comparison") : readme.index("## LLM backend")]
+    bare = figures.LINK.sub("", section)
+    assert not re.findall(r"(?<![\w.])0\.\d{2,}", bare), "a result in the README is not a link to its JSON"
+    assert len(figures.LINK.findall(section)) >= 40
