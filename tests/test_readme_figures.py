@@ -82,3 +82,38 @@ def test_readme_results_summary_quotes_only_linked_figures():
     bare = figures.LINK.sub("", section)
     assert not re.findall(r"(?<![\w.])0\.\d{2,}", bare), "a result in the README is not a link to its JSON"
     assert len(figures.LINK.findall(section)) >= 40
+
+
+def _committed_intervals() -> set[tuple[float, float]]:
+    found: set[tuple[float, float]] = set()
+
+    def walk(x):
+        if isinstance(x, dict):
+            if isinstance(x.get("mean"), int | float) and isinstance(x.get("ci95"), int | float):
+                found.add((x["mean"], x["ci95"]))
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    for f in sorted((ROOT / "docs" / "results").rglob("*.json")):
+        walk(json.loads(f.read_text(encoding="utf-8")))
+    return found
+
+
+def test_results_doc_intervals_come_from_the_committed_comparisons():
+    """Every `mean ± ci` that docs/results.md writes outside a figure link is a (mean, ci95) pair of some
+    committed comparison JSON under docs/results/, to the decimals written — except figures the text
+    itself marks as superseded (kept to explain an earlier, withdrawn result)."""
+    pairs = _committed_intervals()
+    text = figures.LINK.sub("", (ROOT / "docs" / "results.md").read_text(encoding="utf-8"))
+    stale = []
+    for para in text.split("\n\n"):
+        if "superseded" in para or "Before main's 45d5a06" in para:
+            continue
+        for m in re.finditer(r"(-?\d+\.(\d+)) ± (\d+\.(\d+))", para):
+            a, da, b, db = m.group(1), len(m.group(2)), m.group(3), len(m.group(4))
+            if not any(f"{x:.{da}f}" == a and f"{y:.{db}f}" == b for x, y in pairs):
+                stale.append(m.group(0))
+    assert len(pairs) > 100 and stale == []
