@@ -87,7 +87,7 @@ class TabularEnv:
             reward = (rng.random(n) < reward).astype(np.float64)
         u = rng.random(n)
         width = self._succ.shape[-1]
-        cum = self._cum.reshape(-1, width)[sa]
+        cum = np.take(self._cum.reshape(-1, width), sa, axis=0)
         idx = np.minimum(_count_at_most(cum, u), width - 1)
         nxt = self._succ.reshape(-1)[sa * width + idx]
         done = self._ends.reshape(-1)[sa] | (ep.turn >= self.num_turns - 1)
@@ -173,13 +173,15 @@ class TabularSampler:
         if K * C * A <= self.table_limit:
             with torch.no_grad():
                 lp = self.policy.log_prob_table(self._params).numpy()
-            self._table = lp
-            self._cdf = np.cumsum(np.exp(lp), axis=-1)
+            # one row per (turn, context) cell, row k·C + c: np.take of rows is a block copy (a 2-D fancy
+            # index costs several times as much)
+            self._table = lp.reshape(K * C, A)
+            self._cdf = np.cumsum(np.exp(self._table), axis=-1)
 
     def action_log_probs(self, contexts: Ragged) -> np.ndarray:
         turn, ctx = _decode_contexts(contexts)
         if self._table is not None:
-            return self._table[turn.numpy(), ctx.numpy()]
+            return np.take(self._table, turn.numpy() * self.policy.num_contexts + ctx.numpy(), axis=0)
         with torch.no_grad():
             return self.policy.log_probs(self._params, turn, ctx).numpy()
 
@@ -191,13 +193,15 @@ class TabularSampler:
     def generate(self, contexts: Ragged, turn: np.ndarray, n: int, rng: np.random.Generator) -> Generation:
         if self._table is not None:
             k, c = _context_pairs(contexts)
-            lp, cum = self._table[k, c], self._cdf[k, c]  # (B, A) each
+            cell = k * self.policy.num_contexts + c
+            lp, cum = np.take(self._table, cell, axis=0), np.take(self._cdf, cell, axis=0)  # (B, A) each
         else:
             lp = self.action_log_probs(contexts)  # (B, A)
             cum = np.cumsum(np.exp(lp), axis=1)
         u = rng.random((lp.shape[0], n)) * cum[:, -1:]
-        a = np.minimum(_count_at_most(cum[:, None, :], u), lp.shape[1] - 1)  # (B, n)
-        chosen = np.take_along_axis(lp, a, axis=1)
+        A = lp.shape[1]
+        a = np.minimum(_count_at_most(cum[:, None, :], u), A - 1)  # (B, n)
+        chosen = np.take(lp.reshape(-1), a + (np.arange(lp.shape[0]) * A)[:, None])  # lp[i, a[i, j]]
         tokens = Ragged.from_dense(a.reshape(-1, 1))
         return Generation(tokens, Ragged._owned(chosen.reshape(-1), tokens.offsets))
 
