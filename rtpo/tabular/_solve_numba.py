@@ -12,6 +12,7 @@ One compiled signature serves every MDP (int32 CSR indices; int64 ones only past
 from __future__ import annotations
 
 import numba
+import numpy as np
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
@@ -20,7 +21,7 @@ def _sum(data, indices, lo, n, v_next):  # pragma: no cover - compiled
     csr_matvec order)."""
     acc = 0.0
     for j in range(lo, lo + n):
-        acc += data[j] * v_next[indices[j]]
+        acc += data[j] * v_next[np.uint64(indices[j])]  # unsigned: no negative-index wraparound select
     return acc
 
 
