@@ -240,10 +240,12 @@ class TabularLearner:
         parts = list(p.unbind(0)) if policy.turn_separable else [p]
         self.parts = [torch.nn.Parameter(x.clone()) for x in parts]
         self.ref_params = p.clone()
+        # foreach=False: the single-tensor loop torch picks for CPU tensors anyway, named so that no step
+        # re-derives it by inspecting every parameter
         if optimizer == "adam":
-            self.opt = torch.optim.Adam(self.parts, lr=lr)
+            self.opt = torch.optim.Adam(self.parts, lr=lr, foreach=False)
         elif optimizer == "sgd":
-            self.opt = torch.optim.SGD(self.parts, lr=lr)
+            self.opt = torch.optim.SGD(self.parts, lr=lr, foreach=False)
         else:
             raise ValueError(f"unknown optimizer {optimizer!r}; valid: adam, sgd")
 
