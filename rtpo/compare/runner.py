@@ -59,6 +59,18 @@ def run_job(job: Job) -> Outcome:
 
 
 def run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
+    """Run the jobs (in this process when workers <= 1, else in a process pool), each with one torch
+    thread; this process's thread count is put back afterwards (a library caller, a test session)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        return _run_all(jobs, workers, on_done)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
     outcomes: list[Outcome] = []
     if workers <= 1 or len(jobs) <= 1:
         _init_worker()
