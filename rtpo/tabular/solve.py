@@ -194,8 +194,12 @@ def _solve_numba(mdp: TurnMDP, psi_t: tuple[np.ndarray, ...]) -> Solution:
     # every argument read-only (or, for the outputs, writable) whatever the turn: one compiled signature
     none_f, none_i, no_disc = _ro_view(np.empty(0)), _ro_view(np.empty(0, np.int32)), _ro_view(np.empty((0, 0)))
     disc_of: dict[int, np.ndarray] = {}
-    q: list = [None] * K
-    v: list = [None] * K
+    # one block for every turn's Q̃ and one for V (each turn a view): at 10⁵ states numpy backs a block of
+    # ≥ 4 MB with huge pages, where K separate arrays would take a page fault every 4 KB
+    off = mdp.state_offset
+    q_all, v_all = np.empty((int(off[-1]), A)), np.empty(int(off[-1]))
+    q = [q_all[off[k] : off[k + 1]] for k in range(K)]
+    v = [v_all[off[k] : off[k + 1]] for k in range(K)]
     v_next = none_f
     for k in range(K - 1, -1, -1):
         S = mdp.num_states[k]
@@ -209,7 +213,6 @@ def _solve_numba(mdp: TurnMDP, psi_t: tuple[np.ndarray, ...]) -> Solution:
                 if key not in disc_of:
                     disc_of[key] = _ro_view(mdp.gamma ** mdp.tau[k])  # as backup computes it: bit-identical
                 disc = disc_of[key]
-        q[k], v[k] = np.empty((S, A)), np.empty(S)
         greedy_turn(last, data, indices, width, mdp.reward[k], disc, v_next, _TIE, q[k], v[k], policy[k, :S])
         v_next = _ro_view(v[k])
     f = tuple(v[k + 1] if k < K - 1 else np.zeros(0) for k in range(K))
