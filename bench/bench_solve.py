@@ -15,9 +15,16 @@ same MDP (V_0 checked equal to FiniteHorizon's for both):
 
 Timings are minimums over `repeats` interleaved rounds (the order reversed every other round), each
 round also timing a streaming copy of a 256 MB array (bytes read + written per second) and the K−1
-scipy CSR matvecs alone (`matvec_s`: the kernel both solvers spend their inner loop in, so
-mdptoolbox / matvec_s bounds any speed-up a solver built on it can reach), so every ratio comes from
+scipy CSR matvecs alone (`matvec_s`: the kernel FiniteHorizon and rtpo's numpy path spend their inner
+loop in, so mdptoolbox / matvec_s bounds any speed-up a solver built on it can reach; the numba kernel
+fuses its own loop and is not bound by it), so every ratio comes from
 the same minutes of the same machine; the JSON records the load average before and after.
+
+rtpo is timed as `solve(mdp)` (kernel "auto": numba where installed, both sizes being past
+AUTO_NUMBA_ENTRIES; the row's `kernel` says which ran) and as `solve(mdp, kernel="numpy")`, the scipy
+path, in the same rounds.  Both run on one thread.  numba's own costs are measured apart, each in a fresh
+process: its import, the first call compiling the kernel into an empty cache, and the first call loading
+it from that cache (what every later process pays).
 
 useful bytes of one rtpo solve: per turn k < K−1 the CSR entries (8-byte probability + index) and per
 turn the (S, A) reward read, the (S, A) Q̃ written and the (S,) V written — what any backward induction
@@ -86,11 +93,58 @@ def toolbox_solver(mdp: TurnMDP):
     return fh
 
 
+_JIT_PROBE = """
+import json, sys, time
+t0 = time.perf_counter()
+import numba  # noqa: F401
+t1 = time.perf_counter()
+from rtpo.tabular import random_mdp, solve
+mdp = random_mdp(0, 3, 4, 3, branching=2)
+t2 = time.perf_counter()
+sol = solve(mdp, kernel="numba")
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "first_call_s": t3 - t2, "kernel": sol.kernel}))
+"""
+
+
+def numba_costs() -> dict:
+    """numba's import and first-call seconds, each in a fresh process: compiling into an empty cache
+    (NUMBA_CACHE_DIR a new folder), then loading from it."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from rtpo.tabular.solve import _numba_installed
+
+    if not _numba_installed():
+        return {"installed": False}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": str(HERE.parent)}
+        runs = [
+            json.loads(
+                subprocess.run(
+                    [sys.executable, "-c", _JIT_PROBE], env=env, capture_output=True, text=True, check=True
+                ).stdout
+            )
+            for _ in range(2)
+        ]
+    import numba
+
+    return {
+        "installed": True,
+        "numba": numba.__version__,
+        "import_s": min(r["import_s"] for r in runs),
+        "first_call_compile_s": runs[0]["first_call_s"],
+        "first_call_cached_s": runs[1]["first_call_s"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out", type=Path, default=HERE / "solve.json")
     args = ap.parse_args()
+    jit = numba_costs()
     load_before = os.getloadavg()
     src = np.ones(2**25)  # 256 MB
     dst = np.empty_like(src)
@@ -103,10 +157,15 @@ def main() -> None:
         fh.run()
         x = np.random.default_rng(0).random(total_states // K)
         jobs = {"mdptoolbox": fh.run, "copy": lambda: np.copyto(dst, src)}
+        kernel = {}
         for layout, mdp in mdps.items():
-            sol = solve(mdp)  # builds the cached CSR
+            sol = solve(mdp)  # builds the cached CSR (and loads the kernel)
+            ref = solve(mdp, kernel="numpy")
             assert np.allclose(sol.v[0], fh.V[:, 0], rtol=0, atol=1e-9), f"rtpo ({layout}) and mdptoolbox disagree"
+            assert np.array_equal(sol.policy, ref.policy) and all(np.array_equal(a, b) for a, b in zip(sol.q, ref.q))
+            kernel[layout] = sol.kernel
             jobs[f"rtpo/{layout}"] = lambda m=mdp: solve(m)
+            jobs[f"rtpo-numpy/{layout}"] = lambda m=mdp: solve(m, kernel="numpy")
             jobs[f"matvec/{layout}"] = lambda m=mdp, x=x: [c @ x for c in m.transition_csr]
         best = dict.fromkeys(jobs, float("inf"))
         for r in range(args.repeats):
@@ -127,9 +186,12 @@ def main() -> None:
                     "num_turns": K,
                     "num_actions": A,
                     "successors": B,
+                    "kernel": kernel[layout],
                     "rtpo_solve_s": t_rtpo,
                     "mdptoolbox_finite_horizon_s": best["mdptoolbox"],
                     "speedup_vs_mdptoolbox": best["mdptoolbox"] / t_rtpo,
+                    "rtpo_numpy_kernel_s": best[f"rtpo-numpy/{layout}"],
+                    "numpy_kernel_speedup_vs_mdptoolbox": best["mdptoolbox"] / best[f"rtpo-numpy/{layout}"],
                     "matvec_s": best[f"matvec/{layout}"],
                     "speedup_ceiling_vs_mdptoolbox": best["mdptoolbox"] / best[f"matvec/{layout}"],
                     "matvec_share_of_solve": best[f"matvec/{layout}"] / t_rtpo,
@@ -148,6 +210,8 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "numpy": np.__version__,
+        "threads": 1,
+        "numba_jit": jit,
         "rows": rows,
     }
     args.out.write_text(json.dumps(out, indent=2) + "\n")

@@ -13,8 +13,13 @@ value as it is.  The number of decimals written is the precision the figure clai
     python bench/figures.py --write    # rewrite every figure's text from its JSON
 
 A path is dot-separated keys; `[i]` indexes a list, `[key=value]` picks the list element whose `key`
-equals `value`.  The bench that writes each JSON is named in the JSON's own "command" field or in
-the bench's docstring (bench/run.py for results.json).
+equals `value`, and `[k1=v1&k2=v2]` the one matching every pair (a value may itself hold `=`: each pair
+splits at its first one).  The bench that writes each JSON is named in the JSON's own "command" field or
+in the bench's docstring (bench/run.py for results.json).
+
+Targets are committed JSON under bench/ (benchmarks) or docs/results/ (the `rtpo compare` outputs that
+docs/results.md reproduces, each holding the exact command in its "command" field); a link to any other
+JSON is reported as a problem.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs")
 
-LINK = re.compile(r"\[(?P<text>[^\]\[]*)\]\((?P<target>(?:\.\./)*bench/[\w./-]+\.json) \"(?P<path>[^\"]+)\"\)")
+LINK = re.compile(r"\[(?P<text>[^\]\[]*)\]\((?P<target>[\w./-]+\.json) \"(?P<path>[^\"]+)\"\)")
+SOURCES = ("bench", "docs/results")
 NUMBER = re.compile(r"(?P<num>[-+]?\d[\d,]*(?:\.(?P<dec>\d+))?)\s?(?P<unit>[^\d\s].*)?$")
 SCALE = {"ms": 1e3, "µs": 1e6, "k": 1e-3, "k/s": 1e-3, "M/s": 1e-6, "%": 1e2, "GB/s": 1e-9, "GB": 1e-9}
-STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\[([^=\]]+)=([^\]]+)\]")
+STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\[([^\]]+=[^\]]*)\]")
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ def lookup(data, path: str):
     """The value at `path` in `data` (see the module docstring); KeyError naming the step that fails."""
     cur = data
     for m in STEP.finditer(path):
-        key, idx, sel_k, sel_v = m.groups()
+        key, idx, select = m.groups()
         if key is not None:
             if not isinstance(cur, dict) or key not in cur:
                 raise KeyError(f"no key {key!r} on the way to {path!r}")
@@ -56,9 +62,10 @@ def lookup(data, path: str):
         elif idx is not None:
             cur = cur[int(idx)]
         else:
-            hits = [x for x in cur if isinstance(x, dict) and str(x.get(sel_k)) == sel_v]
+            pairs = [part.split("=", 1) for part in select.split("&")]
+            hits = [x for x in cur if isinstance(x, dict) and all(str(x.get(k)) == v for k, v in pairs)]
             if len(hits) != 1:
-                raise KeyError(f"{len(hits)} elements with {sel_k}={sel_v} on the way to {path!r}")
+                raise KeyError(f"{len(hits)} elements with {select} on the way to {path!r}")
             cur = hits[0]
     return cur
 
@@ -89,8 +96,10 @@ def figures(root: Path = ROOT) -> list[Figure]:
     return out
 
 
-def resolve(fig: Figure) -> str:
+def resolve(fig: Figure, root: Path = ROOT) -> str:
     target = (fig.file.parent / fig.target).resolve()
+    if not any(target.is_relative_to(root.resolve() / src) for src in SOURCES):
+        raise ValueError(f"{fig.target} is not committed output under {' or '.join(SOURCES)}/")
     data = json.loads(target.read_text(encoding="utf-8"))
     return render(lookup(data, fig.path), fig.text)
 
@@ -101,12 +110,12 @@ def check(root: Path = ROOT) -> list[str]:
     for fig in figures(root):
         where = f"{fig.file.relative_to(root)}:{fig.line}"
         try:
-            want = resolve(fig)
+            want = resolve(fig, root)
         except (OSError, KeyError, IndexError, TypeError, ValueError) as e:
             bad.append(f"{where}: [{fig.text}] -> {fig.target} {fig.path!r}: {e}")
             continue
         if want != fig.text:
-            bad.append(f"{where}: README says {fig.text!r}, {fig.target} says {want!r} ({fig.path})")
+            bad.append(f"{where}: the text says {fig.text!r}, {fig.target} says {want!r} ({fig.path})")
     return bad
 
 
@@ -118,7 +127,7 @@ def write(root: Path = ROOT) -> int:
     for f, figs in by_file.items():
         text = f.read_text(encoding="utf-8")
         for fig in sorted(figs, key=lambda x: -x.span[0]):
-            new = resolve(fig)
+            new = resolve(fig, root)
             if new != fig.text:
                 text = text[: fig.span[0]] + new + text[fig.span[1] :]
                 changed += 1

@@ -285,8 +285,14 @@ DOC_SCENARIOS = (
 )
 
 
+class ConfigDocError(RuntimeError):
+    """A scenario of DOC_SCENARIOS cannot be loaded here (e.g. the llm extra is missing): docs/config.md
+    would leave its sections out, so nothing is written."""
+
+
 def markdown() -> str:
-    """docs/config.md: the resolved, commented default tabular scenario and a tiny LLM one per task family."""
+    """docs/config.md: the resolved, commented default tabular scenario and a tiny LLM one per task family.
+    Every DOC_SCENARIOS entry is documented or ConfigDocError is raised (never a file missing sections)."""
     from rtpo.config import load_scenario
 
     parts = [
@@ -302,20 +308,34 @@ def markdown() -> str:
         path = None if which == "default" else root / which
         try:
             cfg = load_scenario(path)
-        except Exception:  # noqa: BLE001 - the llm extra may be missing; the doc then covers tabular only
-            continue
+        except Exception as e:  # noqa: BLE001 - whatever stops it (a missing extra, a bad file), named in one line
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigDocError(
+                f"cannot document {which}: {type(e).__name__}: {first} "
+                "(run it in the project's environment: pip install -e '.[ci]')"
+            ) from e
         title = "the embedded default scenario (tabular)" if path is None else f"`{which}` (llm)"
         parts += [f"## {title}", "", "```yaml", show(cfg).rstrip(), "```", ""]
     return "\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`--write FILE` writes docs/config.md (whole, via a temporary file and a rename), else prints it; when a
+    section cannot be documented: one line on stderr, exit 2, FILE untouched."""
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        text = markdown()
+    except ConfigDocError as e:
+        print(f"rtpo.configdoc: {e}; nothing written", file=sys.stderr)
+        return 2
     if argv[:1] == ["--write"] and len(argv) == 2:
-        Path(argv[1]).write_text(markdown())
+        target = Path(argv[1])
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(target)
         print(f"wrote {argv[1]}")
         return 0
-    print(markdown())
+    print(text)
     return 0
 
 

@@ -40,6 +40,7 @@ PACKAGES = (
     "tensorboard",
     "wandb",
     "trackio",
+    "mlflow-skinny",
 )
 
 

@@ -33,6 +33,8 @@ LIBRARIES = {
     "filelock": "transformers.log",
     "urllib3": "transformers.log",
     "httpx": "transformers.log",
+    "mlflow": "mlflow.log",
+    "alembic": "mlflow.log",  # the SQLite store's schema migrations
     "py.warnings": "warnings.log",
 }
 
@@ -196,6 +198,9 @@ def library_logs(verbose: bool = False) -> Iterator[LibraryLogs]:
     env_before = os.environ.get("VLLM_CONFIGURE_LOGGING")
     if "vllm" not in sys.modules and env_before is None:
         os.environ["VLLM_CONFIGURE_LOGGING"] = "0"  # read once, when vLLM is imported
+    mlflow_env_before = os.environ.get("MLFLOW_CONFIGURE_LOGGING")
+    if "mlflow" not in sys.modules and mlflow_env_before is None:
+        os.environ["MLFLOW_CONFIGURE_LOGGING"] = "false"  # else MLflow gives its logger a stderr handler on import
     failed = False
     capture = saved_showwarning = None
     try:
@@ -230,6 +235,8 @@ def library_logs(verbose: bool = False) -> Iterator[LibraryLogs]:
         handler.close()
         if env_before is None:
             os.environ.pop("VLLM_CONFIGURE_LOGGING", None)
+        if mlflow_env_before is None:
+            os.environ.pop("MLFLOW_CONFIGURE_LOGGING", None)
         if failed and handler.logs is None:
             for record in handler.waiting:
                 if record.levelno >= logging.WARNING:

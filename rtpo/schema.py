@@ -164,7 +164,7 @@ class LoggingConfig(Section):
     trackers: tuple[str, ...] = Field(
         ("jsonl",),
         description="experiment trackers fed the same record as metrics.jsonl, all local/offline "
-        "(rtpo.trackers: jsonl, tensorboard, wandb, trackio; each but jsonl is an extra: pip install 'rtpo[wandb]')",
+        "(rtpo.trackers: jsonl, tensorboard, wandb, trackio, mlflow; each but jsonl is an extra: pip install 'rtpo[wandb]')",
     )
 
     @field_validator("trackers", mode="before")

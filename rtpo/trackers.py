@@ -1,6 +1,6 @@
 """Experiment trackers: every sink is fed the one metrics record that feeds metrics.jsonl.
 
-`logging.trackers: [jsonl, tensorboard, wandb, trackio]` names registered trackers.  `jsonl` is the run
+`logging.trackers: [jsonl, tensorboard, wandb, trackio, mlflow]` names registered trackers.  `jsonl` is the run
 folder's own metrics.jsonl (always written: resume and `rtpo eval` read it); every other tracker receives
 exactly the same record per phase, under the same keys (grouped by prefix: `eval/value`, `loss/clipfrac`,
 ...), and the resolved scenario once as hyperparameters.  A tracker is a class with
@@ -14,9 +14,12 @@ Every tracker writes locally only (nothing reaches the network):
 - `trackio`: trackio's local SQLite store (its own `TRACKIO_DIR`, by default HF_HOME/trackio; the `trackio`
   extra), project `rtpo`, one trackio run per run folder; `trackio show --project rtpo` opens it.
   A `TRACKIO_SPACE_ID` or `TRACKIO_SERVER_URL` in the environment is refused (it would upload).
-- MLflow is not built: every mlflow-skinny 2.x/3.x release caps cachetools below 8, and this project's vLLM
-  stack runs with cachetools 8 (the releases that accept it are mlflow 1.x, from 2022); a plugin can
-  register one the same way.
+- `mlflow`: an MLflow run in a local SQLite store, RUN/mlflow/mlflow.db (MLflow's recommended backend since
+  3.7; artifacts under RUN/mlflow/artifacts; the `mlflow` extra: mlflow-skinny plus SQLAlchemy and alembic),
+  experiment `rtpo`, one MLflow run per run folder (tag `rtpo.run`); `mlflow ui --backend-store-uri
+  sqlite:///RUN/mlflow/mlflow.db` opens it.  `MLFLOW_TRACKING_URI` is ignored: it writes locally only.
+  MLflow refuses some characters in metric names (`@`): `eval/pass@1` is `eval/pass_at_1` there
+  (`mlflow_key`), the only renaming.
 
 No phase twice after a resume.  A resumed run opens its trackers with `first_step` = the first phase after
 its checkpoint; what the killed process gave a tracker for that step and later ones is replaced.
@@ -253,6 +256,86 @@ class TrackioTracker(CommittedTracker):
             self.run.finish()
         if context_vars.current_run.get() is self.run:  # else trackio finishes it again at exit (and prints)
             context_vars.current_run.set(None)
+
+
+def mlflow_key(key: str) -> str:
+    """A metric name as MLflow accepts it (alphanumerics, `_ - . / : ` and space): `@` becomes `_at_`
+    (`eval/pass@1` -> `eval/pass_at_1`), any other refused character `_`; every other key is unchanged."""
+    return re.sub(r"[^/\w.\- :]", "_", key.replace("@", "_at_"))
+
+
+@TRACKERS.register("mlflow")
+class MlflowTracker(CommittedTracker):
+    """An MLflow run in RUN/mlflow/mlflow.db (SQLite), experiment `rtpo`, run name = the run folder's name;
+    metrics per phase (step = global phase, names through `mlflow_key`), the resolved scenario once as
+    params (flattened dotted keys; lists and dicts as JSON).  A resumed process finds its run by the tag
+    `rtpo.run`, sets it running again and logs no params."""
+
+    EXPERIMENT = "rtpo"
+
+    def open(self, run_dir: Path, config: dict[str, Any], first_step: int = 1) -> None:
+        super().open(run_dir, config, first_step)
+        try:
+            import mlflow  # noqa: F401 - the package first (its submodules may be loaded already)
+            from mlflow.entities import Param, RunTag
+            from mlflow.tracking import MlflowClient
+        except ImportError as e:
+            raise _missing("mlflow", "mlflow") from e
+        try:
+            import alembic  # noqa: F401 - the SQL store's migrations
+            import sqlalchemy  # noqa: F401
+        except ImportError as e:
+            raise _missing("mlflow", e.name or "sqlalchemy") from e
+        root = Path(run_dir) / "mlflow"
+        root.mkdir(parents=True, exist_ok=True)
+        # an explicit client: MLFLOW_TRACKING_URI / a registry URI in the environment cannot send it away
+        uri = f"sqlite:///{root.resolve() / 'mlflow.db'}"
+        self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        exp = self.client.get_experiment_by_name(self.EXPERIMENT)
+        exp_id = (
+            exp.experiment_id
+            if exp is not None
+            else self.client.create_experiment(
+                self.EXPERIMENT, artifact_location=(root / "artifacts").resolve().as_uri()
+            )
+        )
+        name = _run_id(Path(run_dir))
+        found = self.client.search_runs([exp_id], filter_string=f"tags.`rtpo.run` = '{name}'", max_results=1)
+        self.fresh = not found
+        if found:
+            self.run_id = found[0].info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            return  # the params went in once, when the run started
+        tags = {"rtpo.run": name, "rtpo.scenario": str(config.get("name", ""))}
+        method = str(config.get("method", {}).get("name", ""))
+        if method:
+            tags["rtpo.method"] = method
+        self.run_id = self.client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+        params = [Param(k, _param_value(v)) for k, v in _flat("", config, {}).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per request
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
+        self.client.log_batch(self.run_id, tags=[RunTag("mlflow.note.content", _CONFIG_NOTE)])
+
+    def _write(self, record: dict[str, Any], step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(mlflow_key(k), float(v), now, step) for k, v in _scalars(record).items()]
+        for i in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics per request
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id, status="FINISHED")
+
+
+_CONFIG_NOTE = "rtpo run: the params are the resolved scenario (RUN/config.yaml), flattened to dotted keys."
+
+
+def _param_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 6000 else text[:5980] + "...[truncated]"  # MLflow's limit per param value
 
 
 def open_trackers(

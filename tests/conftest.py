@@ -22,6 +22,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def one_torch_thread():
+    """torch with one intra-op thread for the test, the process's count put back after it (a module-level
+    set_num_threads would hold for every test collected after it)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture
 def tabular_stack():
     """The tabular stack factory of tests/_method_helpers.stack: `tabular_stack(mdp=None, K=3, seed=0,
     lr=0.1, truncate=False, ...)` -> (mdp, policy, RunContext) on tool_chain(K) or `mdp`."""

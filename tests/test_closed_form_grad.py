@@ -83,7 +83,6 @@ def test_closed_form_gradient_covers_the_token_ratio_only():
 
 
 def run(mdp, method: str, closed_form: bool, iterations: int = 3, **cfg):
-    torch.set_num_threads(1)
     policy = SoftmaxTable(mdp.num_turns, mdp.num_contexts, mdp.num_actions, init_scale=0.5)
     rng = np.random.default_rng(0)
     p0 = policy.init_params(rng)
@@ -99,6 +98,7 @@ def run(mdp, method: str, closed_form: bool, iterations: int = 3, **cfg):
     return learner.weights(), logs, learner.opt.state_dict()
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize(
     "method,cfg",
     [("rtpo", {}), ("rtpo", {"minibatch_size": 16}), ("grpo", {}), ("grpo", {"kl_coef": 0.05})],

@@ -171,3 +171,32 @@ def test_loss_shortcut_for_one_token_sequences_is_exact_and_only_taken_there():
             value.backward()
             out.append((float(value), metrics, logp.grad.numpy().copy()))
         assert out[0][0] == out[1][0] and out[0][1] == out[1][1] and np.array_equal(out[0][2], out[1][2])
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 8])
+def test_inverse_cdf_count_equals_the_compare_sum(width, monkeypatch):
+    """The sampler's and the environment's inverse-CDF index (a popcount of the compare row for widths
+    1, 2, 4, 8) counts exactly what (cum <= u).sum(-1) counts, draws on a CDF entry and ties included,
+    with or without numpy's bitwise_count."""
+    from rtpo.tabular import backend
+
+    rng = np.random.default_rng(width)
+    cum = np.cumsum(rng.integers(0, 3, size=(300, 3, width)) / 4.0, axis=-1)  # repeated entries: ties
+    u = np.where(rng.random((300, 3)) < 0.5, cum[..., rng.integers(0, width)], rng.random((300, 3)) * 2)
+    want = (cum <= u[..., None]).sum(axis=-1)
+    got = backend._count_at_most(cum, u)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert np.array_equal(backend._count_at_most(cum[:, 0], u[:, 0]), want[:, 0])
+    monkeypatch.delattr(np, "bitwise_count")  # numpy < 2: the plain sum
+    assert np.array_equal(backend._count_at_most(cum, u), want)
+
+
+def test_zero_advantage_mask_is_the_group_range():
+    from rtpo.core.estimators import zero_advantage_mask
+
+    rng = np.random.default_rng(0)
+    r = rng.integers(0, 3, size=(4, 50, 5)).astype(np.float64)
+    r[0, :10] = 1.0  # tied groups
+    r[1, 0, 2] = np.nan
+    for x in (r, r[0], r[0, 0]):
+        assert np.array_equal(zero_advantage_mask(x), np.ptp(x, axis=-1) <= 1e-12)

@@ -176,3 +176,27 @@ def test_wrong_first_action_per_seed():
     assert compare._wrong_first_action([{"eval/first_action_wrong": 0.7}]) is True
     assert compare._wrong_first_action([{"eval/first_action_wrong": 0.7}, {"eval/first_action_wrong": 0.3}]) is False
     assert compare._wrong_first_action([{"eval/value": 1.0}]) is None
+
+
+_AFTER_TORCH_RAN = """
+import sys, torch
+from rtpo import compare
+torch.set_num_threads(2)
+torch.log_softmax(torch.randn(512, 4096), dim=-1)  # starts this process's OpenMP team with 2 threads
+sys.exit(compare.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_worker_processes_start_after_torch_ran_multithreaded_in_the_caller(scenario, tmp_path):
+    """A caller that already ran a multi-threaded torch op (a test session, a notebook, rtpo.api) gets its
+    comparison: workers come from a fork server, so none inherits a forked OpenMP team (which blocks at
+    its first parallel op forever)."""
+    import subprocess
+    import sys
+
+    argv = [str(scenario), "--methods", "rtpo,grpo:G=4", "--seeds", "1", "--workers", "2", "--out", str(tmp_path)]
+    proc = subprocess.run([sys.executable, "-c", _AFTER_TORCH_RAN, *argv], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(next(tmp_path.glob("compare-tiny-*/comparison.json")).read_text())["rows"]
+    assert {r["method"] for r in rows} == {"rtpo", "grpo:G=4"} and not any(r["failed"] for r in rows)

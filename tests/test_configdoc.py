@@ -106,3 +106,25 @@ def test_version_and_scenarios(capsys):
     assert main(["scenarios"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("default (embedded)") and any("tiny-cpu.yaml" in line for line in out)
+
+
+def test_write_fails_closed_when_a_section_cannot_be_documented(tmp_path, monkeypatch, capsys):
+    """Without the llm extra the LLM scenarios do not load: `--write` names which, exits 2 and leaves the
+    file as it was (it once wrote the tabular part alone and said "wrote")."""
+    import rtpo.config
+
+    real = rtpo.config.load_scenario
+
+    def no_llm(path=None, *a, **kw):
+        if path is not None and "llm" in str(path):
+            raise ImportError("No module named 'transformers'")
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(rtpo.config, "load_scenario", no_llm)
+    target = tmp_path / "config.md"
+    target.write_text("the old file\n")
+    assert configdoc.main(["--write", str(target)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "cannot document scenarios/llm/tiny-cpu.yaml: ImportError: No module named 'transformers'" in err
+    assert target.read_text() == "the old file\n" and sorted(p.name for p in tmp_path.iterdir()) == ["config.md"]

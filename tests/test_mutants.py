@@ -9,13 +9,12 @@ from __future__ import annotations
 import importlib
 
 import pytest
-import torch
 
 from rtpo.verify import cli, mutants
 from rtpo.verify.profiles import load_profile
 
 load_profile()
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors (tests/conftest.py puts the count back)
 
 
 def test_registry_has_at_least_ten_mutants_with_killers():

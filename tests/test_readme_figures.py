@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -47,3 +48,72 @@ def test_render_units():
     assert figures.render(163_000.4, "9.1k/s") == "163.0k/s"
     assert figures.render(0.0072, "0.17 ms") == "7.20 ms"
     assert figures.render(1234.5, "1,000") == "1,234"
+
+
+def test_selector_matches_every_pair_and_values_may_hold_equals(tmp_path):
+    (tmp_path / "docs" / "results" / "k").mkdir(parents=True)
+    rows = [
+        {"sweep": "3", "method": "rtpo:G=3", "v": {"mean": 0.5}},
+        {"sweep": "10", "method": "rtpo:G=3", "v": {"mean": 0.25}},
+        {"sweep": "10", "method": "grpo", "v": {"mean": 0.75}},
+    ]
+    (tmp_path / "docs" / "results" / "k" / "comparison.json").write_text(json.dumps({"rows": rows}))
+    target = "docs/results/k/comparison.json"
+    (tmp_path / "README.md").write_text(
+        f'RTPO [0.250]({target} "rows[sweep=10&method=rtpo:G=3].v.mean") vs [0.75]({target} "rows[sweep=10].v.mean")\n'
+    )
+    bad = figures.check(tmp_path)
+    # the first pair matches one row; a selector that matches two rows is reported, not guessed
+    assert len(bad) == 1 and "2 elements with sweep=10" in bad[0]
+
+
+def test_a_link_to_json_outside_the_committed_outputs_is_a_problem(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "x.json").write_text(json.dumps({"r": 1.0}))
+    (tmp_path / "README.md").write_text('ratio [1.0×](runs/x.json "r")\n')
+    bad = figures.check(tmp_path)
+    assert len(bad) == 1 and "not committed output" in bad[0]
+
+
+def test_readme_results_summary_quotes_only_linked_figures():
+    """The Baselines summary's results (values, intervals, rates) are links into docs/results/*.json."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Baselines and the equal-budget comparison") : readme.index("## LLM backend")]
+    bare = figures.LINK.sub("", section)
+    assert not re.findall(r"(?<![\w.])0\.\d{2,}", bare), "a result in the README is not a link to its JSON"
+    assert len(figures.LINK.findall(section)) >= 40
+
+
+def _committed_intervals() -> set[tuple[float, float]]:
+    found: set[tuple[float, float]] = set()
+
+    def walk(x):
+        if isinstance(x, dict):
+            if isinstance(x.get("mean"), int | float) and isinstance(x.get("ci95"), int | float):
+                found.add((x["mean"], x["ci95"]))
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    for f in sorted((ROOT / "docs" / "results").rglob("*.json")):
+        walk(json.loads(f.read_text(encoding="utf-8")))
+    return found
+
+
+def test_results_doc_intervals_come_from_the_committed_comparisons():
+    """Every `mean ± ci` that docs/results.md writes outside a figure link is a (mean, ci95) pair of some
+    committed comparison JSON under docs/results/, to the decimals written — except figures the text
+    itself marks as superseded (kept to explain an earlier, withdrawn result)."""
+    pairs = _committed_intervals()
+    text = figures.LINK.sub("", (ROOT / "docs" / "results.md").read_text(encoding="utf-8"))
+    stale = []
+    for para in text.split("\n\n"):
+        if "superseded" in para or "Before main's 45d5a06" in para:
+            continue
+        for m in re.finditer(r"(-?\d+\.(\d+)) ± (\d+\.(\d+))", para):
+            a, da, b, db = m.group(1), len(m.group(2)), m.group(3), len(m.group(4))
+            if not any(f"{x:.{da}f}" == a and f"{y:.{db}f}" == b for x, y in pairs):
+                stale.append(m.group(0))
+    assert len(pairs) > 100 and stale == []

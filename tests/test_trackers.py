@@ -179,8 +179,63 @@ def test_trackio_local_store_holds_the_record_each_phase_once_after_a_resume(tmp
     assert "Trackio" not in proc.stdout
 
 
+def _flat_config(prefix: str, data, out: dict) -> dict:
+    if isinstance(data, dict) and data:
+        for k, v in data.items():
+            _flat_config(f"{prefix}.{k}" if prefix else k, v, out)
+    else:
+        out[prefix] = data if isinstance(data, str) else json.dumps(data)
+    return out
+
+
+def test_mlflow_sqlite_store_holds_the_record_each_phase_once_and_the_scenario_once(tmp_path, monkeypatch):
+    """A run crashes at phase 7 (checkpoint after phase 4) and is resumed; MLflow's own client, reading
+    RUN/mlflow/mlflow.db, then has one run whose history of every metric is each phase once with the
+    metrics.jsonl value, and the resolved scenario as its params (logged once, by the first process)."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    from mlflow.tracking import MlflowClient
+
+    from rtpo.trackers import mlflow_key
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # ignored: the store is the run folder's
+    cfg = load_scenario(None, [*SMALL, "logging.checkpoint_every=4", "logging.trackers=[jsonl, mlflow]"])
+    restore = _crash_at_phase(monkeypatch, cfg, 7)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_scenario(cfg, out_root=tmp_path, progress=False)
+    restore()
+    (run_dir,) = tmp_path.iterdir()
+    uri = f"sqlite:///{run_dir / 'mlflow' / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    exp = client.get_experiment_by_name("rtpo")
+    (run,) = client.search_runs([exp.experiment_id])
+    before = [m.step for m in client.get_metric_history(run.info.run_id, "budget/rollouts")]
+    assert before == [1, 2, 3, 4]  # the crashed process wrote only what its checkpoint covers
+    run_scenario(None, resume=run_dir, progress=False)
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.run_name == run_dir.name and run.data.tags["rtpo.run"] == run_dir.name
+    assert run.info.status == "FINISHED"
+    lines = read_metrics(run_dir)
+    keys = {k for m in lines for k in _scalars(m)}
+    assert set(run.data.metrics) == {mlflow_key(k) for k in keys}  # the same names
+    for key in keys:
+        history = client.get_metric_history(run.info.run_id, mlflow_key(key))
+        expected = [(m["global_phase"], _scalars(m)[key]) for m in lines if key in _scalars(m)]
+        assert sorted((h.step, h.value) for h in history) == [(s, pytest.approx(v, rel=1e-12)) for s, v in expected]
+    assert run.data.params == _flat_config("", json.loads(json.dumps(cfg.to_dict())), {})
+
+
+def test_mlflow_key_renames_only_what_mlflow_refuses():
+    from rtpo.trackers import mlflow_key
+
+    assert mlflow_key("eval/pass@1") == "eval/pass_at_1"
+    for key in ("eval/value", "loss/clipfrac", "samples/turn_2", "time/phase_s", "gen/tokens_per_s", "a.b-c d:e"):
+        assert mlflow_key(key) == key
+
+
 @pytest.mark.parametrize(
-    "tracker, module", [("wandb", "wandb"), ("trackio", "trackio"), ("tensorboard", "torch.utils.tensorboard")]
+    "tracker, module",
+    [("wandb", "wandb"), ("trackio", "trackio"), ("tensorboard", "torch.utils.tensorboard"), ("mlflow", "mlflow")],
 )
 def test_a_missing_tracker_library_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys, tracker, module):
     from rtpo.cli import main

@@ -59,6 +59,18 @@ def run_job(job: Job) -> Outcome:
 
 
 def run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
+    """Run the jobs (in this process when workers <= 1, else in a process pool), each with one torch
+    thread; this process's thread count is put back afterwards (a library caller, a test session)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        return _run_all(jobs, workers, on_done)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
     outcomes: list[Outcome] = []
     if workers <= 1 or len(jobs) <= 1:
         _init_worker()
@@ -66,13 +78,17 @@ def run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
             outcomes.append(run_job(job))
             on_done(outcomes)
         return outcomes
-    _init_worker()  # the parent never starts torch's thread pool, so forking it is safe
-    # fork: a worker starts with rtpo and torch already imported (a spawned one re-imports them, seconds
-    # each on a loaded machine); spawn where fork does not exist
-    method = "fork" if "fork" in get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)), mp_context=get_context(method), initializer=_init_worker
-    ) as pool:
+    # Workers come from a fork server, never from a fork of this process: once torch's OpenMP team has run
+    # here (any earlier tensor op with more than one thread: a test session, a notebook, rtpo.api), a
+    # forked child blocks forever at its first parallel op (libgomp is not fork-safe). The server is a
+    # fresh interpreter that imports rtpo's runner once and runs no torch op, so forking it is safe and
+    # each worker still starts with rtpo and torch imported; it is started once per process and reused.
+    # Spawn where there is no fork server.
+    method = "forkserver" if "forkserver" in get_all_start_methods() else "spawn"
+    ctx = get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["rtpo.compare.runner", "rtpo.run", "rtpo.config", "torch"])
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker) as pool:
         futures = [pool.submit(run_job, j) for j in jobs]
         for fut in as_completed(futures):
             outcomes.append(fut.result())

@@ -72,6 +72,7 @@ class FlatBatch:
     old_logp, advantages, weight: (N,) float64; token_seq: (N,) int64 in [0, S).
     one_token_seqs: token i is the whole of sequence i (token_seq = 0..N−1, e.g. tabular RTPO rows),
     so a sequence mean is the token itself and is not computed.
+    unit_weight: every weight is 1, so multiplying by it (exact) is skipped.
     """
 
     old_logp: torch.Tensor
@@ -80,6 +81,7 @@ class FlatBatch:
     token_seq: torch.Tensor
     num_seqs: int
     one_token_seqs: bool = False
+    unit_weight: bool = False
 
     @staticmethod
     def from_batch(batch: TurnBatch, dtype: torch.dtype = torch.float64) -> FlatBatch:
@@ -98,6 +100,7 @@ class FlatBatch:
             token_seq=torch.as_tensor(token_seq, dtype=torch.int64),
             num_seqs=num_seqs,
             one_token_seqs=bool(num_seqs == token_seq.size and np.array_equal(token_seq, np.arange(num_seqs))),
+            unit_weight=bool(np.all(batch.weight == 1.0)),
         )
 
 
@@ -122,6 +125,8 @@ class _Clipped:
     raw_log_ratio: torch.Tensor  # log π_θ − log π_old, before the log-ratio clip
     ratio: torch.Tensor  # ρ (token level, or the sequence's s spread over its tokens)
     clipped: torch.Tensor  # clip(ρ, 1 − ε, 1 + ε_high)
+    ratio_adv: torch.Tensor  # ρ A
+    clipped_adv: torch.Tensor  # clip(ρ) A
     hi: float
     surrogate: torch.Tensor  # min(ρ A, clip(ρ) A) · weight, per token
     objective: torch.Tensor  # J of Eq. 6 (or its GRPO/GSPO aggregation)
@@ -142,7 +147,10 @@ def _clipped_terms(logp: torch.Tensor, flat: FlatBatch, cfg: LossConfig) -> _Cli
     ratio = torch.exp(log_ratio)
     hi = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
     clipped = ratio.clamp(1.0 - cfg.clip_eps, 1.0 + hi)
-    surrogate = torch.minimum(ratio * adv, clipped * adv) * weight
+    ratio_adv, clipped_adv = ratio * adv, clipped * adv
+    surrogate = torch.minimum(ratio_adv, clipped_adv)
+    if not flat.unit_weight:
+        surrogate = surrogate * weight
 
     if cfg.aggregation == "token-mean":
         objective = surrogate.mean()
@@ -151,16 +159,16 @@ def _clipped_terms(logp: torch.Tensor, flat: FlatBatch, cfg: LossConfig) -> _Cli
         per_seq, count = _segment_mean(surrogate, flat.token_seq, flat.num_seqs, flat.one_token_seqs)
         objective = per_seq.mean()
         count = count if flat.one_token_seqs else count[flat.token_seq]
-    return _Clipped(old, adv, weight, raw, ratio, clipped, hi, surrogate, objective, count)
+    return _Clipped(old, adv, weight, raw, ratio, clipped, ratio_adv, clipped_adv, hi, surrogate, objective, count)
 
 
 def _clipped_metrics(t: _Clipped, logp: torch.Tensor, cfg: LossConfig, kl_value) -> dict[str, float]:
     with torch.no_grad():
         r = t.ratio.detach()
         is_clipped = ((r < 1.0 - cfg.clip_eps) & (t.adv < 0)) | ((r > 1.0 + t.hi) & (t.adv > 0))
-        lr_ = logp.detach() - t.old
+        lr_ = t.raw_log_ratio.detach()  # log π_θ − log π_old
         metrics = {
-            "loss/policy": float(-t.objective.detach()),
+            "loss/policy": -float(t.objective),
             "loss/clipfrac": float(is_clipped.to(logp.dtype).mean()),
             "loss/approx_kl": float((torch.exp(lr_) - 1.0 - lr_).mean()),  # k3 of KL(old||new)
             "loss/ratio_mean": float(r.mean()),
@@ -221,23 +229,27 @@ def clipped_policy_loss_grad(
         raise ValueError("clipped_policy_loss_grad covers the clipped loss with the token-level ratio only")
     with torch.no_grad():
         t = _clipped_terms(logp, flat, cfg)
-        s1, s2 = t.ratio * t.adv, t.clipped * t.adv
-        d_min = -t.weight / (t.seq_count * (flat.num_seqs if cfg.aggregation != "token-mean" else logp.numel()))
+        s1, s2 = t.ratio_adv, t.clipped_adv
+        count = flat.num_seqs if cfg.aggregation != "token-mean" else logp.numel()
+        if flat.unit_weight and (flat.one_token_seqs or cfg.aggregation == "token-mean"):
+            d_min = -1.0 / count  # weight 1 and seq_count 1 everywhere: the same value as a number
+        else:
+            d_min = -t.weight / (t.seq_count * count)
         g1 = torch.where(s1 < s2, 1.0, torch.where(s1 == s2, 0.5, 0.0))
         inside = (t.ratio >= 1.0 - cfg.clip_eps) & (t.ratio <= 1.0 + t.hi)
         g_ratio = d_min * (g1 * t.adv + (1.0 - g1) * t.adv * inside)
         grad = g_ratio * t.ratio
         if cfg.log_ratio_clip is not None:
             grad = grad * (t.raw_log_ratio.abs() <= cfg.log_ratio_clip)
-        loss = -t.objective
+        loss = -float(t.objective)
         kl_value = None
         if ref_logp is not None and cfg.kl_coef > 0:
             d = ref_logp.to(logp.dtype) - logp
             kl_value = (torch.exp(d) - d - 1.0).mean()
-            loss = loss + cfg.kl_coef * kl_value
+            loss = float(-t.objective + cfg.kl_coef * kl_value)
             g_kl = cfg.kl_coef / logp.numel()
             grad = grad - (g_kl * torch.exp(d) - g_kl)  # autograd's order of operations
-    return float(loss), grad, _clipped_metrics(t, logp, cfg, kl_value)
+    return loss, grad, _clipped_metrics(t, logp, cfg, kl_value)
 
 
 def pair_regression_loss(

@@ -113,6 +113,15 @@ class ReportsMetrics(Protocol):
 
 
 @runtime_checkable
+class CountsGeneration(Protocol):
+    """A sampler that counts what it generated: summed counts that add up across samplers (a Ray pool's
+    workers), turned into the record's gen/* keys by rtpo.metrics.generation_metrics."""
+
+    def pop_generation_counts(self) -> dict[str, float]:
+        """{"time/generate_s", "gen/tokens", "gen/responses"} since the last call, then reset."""
+
+
+@runtime_checkable
 class Closeable(Protocol):
     """A built context that holds processes or actors to stop when the run ends."""
 

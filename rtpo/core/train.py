@@ -33,11 +33,13 @@ def turn_rows(
             raise IndexError("turn_rows: a turn offset outside its trajectory")
         rows = trajectories.row_start + turn_offset
         tok = _as(trajectories.tokens.take(rows), np.int64)
+        width = tok._uniform_width()
         return TurnBatch(
             contexts=_as(trajectories.contexts.take(rows), np.int64),
             tokens=tok,
             old_logp=_as(trajectories.logp.take(rows), np.float64),
-            advantages=Ragged(np.repeat(advantages, tok.lengths), tok.offsets),
+            # a fresh array over the tokens' (read-only) offsets: nothing to check or copy
+            advantages=Ragged._owned(np.repeat(advantages, width if width else tok.lengths), tok.offsets),
             seq_id=np.arange(b, dtype=np.int64) if seq_id is None else seq_id,
             weight=np.ones(b) if weight is None else weight,
             turn=trajectories.turn[rows],
@@ -108,6 +110,10 @@ def ppo_update(
     out = {k: v / steps for k, v in sums.items()}
     out["train/steps"] = float(steps)
     # training samples of this update by turn (each counted once, however many epochs reuse it)
-    turns, counts = np.unique(np.asarray(batch.turn, np.int64), return_counts=True)
+    turn = np.asarray(batch.turn, np.int64)
+    if turn.size and turn.min() == turn.max():  # one turn (an RTPO phase)
+        turns, counts = turn[:1], [turn.size]
+    else:
+        turns, counts = np.unique(turn, return_counts=True)
     out.update({f"samples/turn_{int(k)}": float(c) for k, c in zip(turns, counts)})
     return out

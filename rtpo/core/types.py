@@ -132,7 +132,7 @@ class Ragged:
         idx = np.asarray(idx, dtype=np.int64)
         width = self._uniform_width()
         if width and len(self):  # equal non-empty rows: a gather of (rows, width) blocks
-            values = self.values.reshape(-1, width)[idx].reshape(-1)
+            values = np.take(self.values.reshape(-1, width), idx, axis=0).reshape(-1)  # a block copy of rows
             return Ragged._owned(values, np.arange(idx.size + 1, dtype=np.int64) * width)._with_width(width)
         lengths = self.lengths[idx]
         offsets = np.zeros(idx.size + 1, dtype=np.int64)

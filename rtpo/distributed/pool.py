@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.core.protocols import ReportsMetrics
+from rtpo.core.protocols import CountsGeneration, ReportsMetrics
 from rtpo.core.rollout import RolloutResult
 from rtpo.core.types import Generation, Ragged
 from rtpo.distributed.actors import Faulty, PullPool
 from rtpo.distributed.shards import Chunk, build_parts, run_chunk
+from rtpo.metrics import GENERATION_COUNTS, generation_metrics
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,14 @@ class RolloutWorker(Faulty):
         self.version = version
         return time.perf_counter() - t0
 
-    def run(self, version: int, ref_box: list, chunk: Chunk) -> tuple[RolloutResult, dict[str, float]]:
-        """The chunk's result and the environment's counters it added (tool calls, answers, time/ sums).
+    def _generation_counts(self) -> dict[str, float]:
+        return self.sampler.pop_generation_counts() if isinstance(self.sampler, CountsGeneration) else {}
+
+    def run(
+        self, version: int, ref_box: list, chunk: Chunk
+    ) -> tuple[RolloutResult, dict[str, float], dict[str, float]]:
+        """The chunk's result, the environment's counters it added (tool calls, answers, time/ sums) and
+        the sampler's generation counts (rtpo.metrics.GENERATION_COUNTS).
 
         The counters travel with the result they belong to, so a chunk lost with a dead actor and run
         again is counted once, and only by the run whose result the driver keeps."""
@@ -84,15 +91,18 @@ class RolloutWorker(Faulty):
         self.sync(version, ref_box)
         if isinstance(self.env, ReportsMetrics):
             self.env.pop_metrics()  # counters of anything before this chunk (e.g. a sync-time probe)
+        self._generation_counts()
         result = run_chunk(self.env, self.sampler, chunk)
         counters = self.env.pop_metrics() if isinstance(self.env, ReportsMetrics) else {}
-        return result, {k: float(v) for k, v in counters.items()}
+        return result, {k: float(v) for k, v in counters.items()}, self._generation_counts()
 
     def generate(
         self, version: int, ref_box: list, contexts: Ragged, turn: np.ndarray, n: int, seed: int
-    ) -> Generation:
+    ) -> tuple[Generation, dict[str, float]]:
         self.sync(version, ref_box)
-        return self.sampler.generate(contexts, turn, n, np.random.default_rng(seed))
+        self._generation_counts()
+        out = self.sampler.generate(contexts, turn, n, np.random.default_rng(seed))
+        return out, self._generation_counts()
 
 
 class RayRolloutPool(PullPool):
@@ -104,6 +114,7 @@ class RayRolloutPool(PullPool):
         self._ref = None  # the current weights' ObjectRef, kept alive while any task may need it
         self._box: list = [None]  # what tasks carry: [ref]; filled lazily after a collective sync
         self._provider: Callable[[], RemoteWeights] | None = None
+        self._gen: dict[str, float] = {}  # the workers' generation counts since the last pop_metrics
 
     def env_info(self) -> tuple[int, float]:
         return self._ray.get(self.workers[0].env_info.remote())
@@ -151,13 +162,29 @@ class RayRolloutPool(PullPool):
         t0 = time.perf_counter()
         version, box = self.version, self._box
         done = self._map(len(chunks), lambda w, c: w.run.remote(version, box, chunks[c]))
-        for _, counters in done:
+        for _, counters, gen in done:
             # the workers' environment counters, summed, under the names the in-process env logs them:
             # env/<key>, and the wall-clock sums time/<key> (summed over workers that ran in parallel)
             for k, v in counters.items():
                 self._add(k if k.startswith("time/") else f"env/{k}", v)
+            self._add_generation(gen)
         self._add("ray/rollout_s", time.perf_counter() - t0)
-        return [r for r, _ in done]
+        return [r for r, _, _ in done]
 
     def generate(self, contexts: Ragged, turn: np.ndarray, n: int, seed: int) -> Generation:
-        return self._ray.get(self.workers[0].generate.remote(self.version, self._box, contexts, turn, n, seed))
+        out, gen = self._ray.get(self.workers[0].generate.remote(self.version, self._box, contexts, turn, n, seed))
+        self._add_generation(gen)
+        return out
+
+    def _add_generation(self, counts: dict[str, float]) -> None:
+        for k in GENERATION_COUNTS:
+            self._gen[k] = self._gen.get(k, 0.0) + float(counts.get(k, 0.0))
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The pool's ray/* metrics and the workers' generation as an in-process sampler reports it:
+        time/generate_s, gen/tokens, gen/responses, gen/response_len_mean, gen/tokens_per_s (summed
+        counts, then rtpo.metrics.generation_metrics)."""
+        out = super().pop_metrics()
+        gen, self._gen = self._gen, {}
+        out.update(generation_metrics(gen))
+        return out

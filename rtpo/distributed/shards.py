@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rtpo.core.protocols import ReportsMetrics
 from rtpo.core.rollout import RolloutResult, rollout
 from rtpo.core.types import Generation, Ragged
 
@@ -213,6 +214,11 @@ class ShardedSampler:
     def load_weights(self, weights: Any) -> None:
         self.executor.load_weights(weights)
 
+    def pop_metrics(self) -> dict[str, float]:
+        """The executor's generation metrics (gen/*, time/generate_s) since the last call, as the run loop
+        pops a sampler's (rtpo.core.protocols.ReportsMetrics); {} from an executor that keeps none."""
+        return self.executor.pop_metrics() if isinstance(self.executor, ReportsMetrics) else {}
+
 
 def build_parts(factory: Callable[..., Any], role: str) -> Any:
     """Call a context factory for one role: factory(role=role) if it takes `role`, else factory().
@@ -245,6 +251,10 @@ class LocalShards:
 
     def generate(self, contexts: Ragged, turn: np.ndarray, n: int, seed: int) -> Generation:
         return self.sampler.generate(contexts, turn, n, np.random.default_rng(seed))
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The sampler's own metrics (an llm TrackedSampler: gen/*, time/generate_s), as in a plain run."""
+        return self.sampler.pop_metrics() if isinstance(self.sampler, ReportsMetrics) else {}
 
 
 def local_sharded(env: Any, sampler: Any, chunk_size: int = 1) -> tuple[ShardedEnv, ShardedSampler]:

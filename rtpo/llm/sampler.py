@@ -9,6 +9,8 @@ import contextlib
 import time
 from typing import Any
 
+from rtpo.metrics import generation_metrics
+
 
 class TrackedSampler:
     """The engine, plus what the run needs around it: the weights it last loaded (checkpoints) and the
@@ -37,20 +39,17 @@ class TrackedSampler:
         self._gen["responses"] += len(out)
         return out
 
+    def pop_generation_counts(self) -> dict[str, float]:
+        """The summed counts since the last call (rtpo.core.protocols.CountsGeneration): seconds in the
+        engine, tokens and responses generated; a Ray rollout worker sends them with each chunk."""
+        g, self._gen = self._gen, {"s": 0.0, "tokens": 0, "responses": 0}
+        return {"time/generate_s": g["s"], "gen/tokens": float(g["tokens"]), "gen/responses": float(g["responses"])}
+
     def pop_metrics(self) -> dict[str, float]:
         """The training rollouts' generation since the last call (rtpo.core.protocols.ReportsMetrics):
-        time in the engine, tokens and responses generated, mean response length, tokens per second.
-        Evaluation samples through eval_engine and is not counted here."""
-        g, self._gen = self._gen, {"s": 0.0, "tokens": 0, "responses": 0}
-        if not g["responses"]:
-            return {}
-        return {
-            "time/generate_s": g["s"],
-            "gen/tokens": float(g["tokens"]),
-            "gen/responses": float(g["responses"]),
-            "gen/response_len_mean": g["tokens"] / g["responses"],
-            "gen/tokens_per_s": g["tokens"] / g["s"] if g["s"] > 0 else float("nan"),
-        }
+        time in the engine, tokens and responses generated, mean response length, tokens per second
+        (rtpo.metrics.generation_metrics).  Evaluation samples through eval_engine and is not counted here."""
+        return generation_metrics(self.pop_generation_counts())
 
     def state(self) -> Any:
         """What a checkpoint stores for the sampler: the weights it last loaded (None: the model folder's)."""

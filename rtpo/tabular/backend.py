@@ -87,8 +87,8 @@ class TabularEnv:
             reward = (rng.random(n) < reward).astype(np.float64)
         u = rng.random(n)
         width = self._succ.shape[-1]
-        cum = self._cum.reshape(-1, width)[sa]
-        idx = np.minimum((cum <= u[:, None]).sum(axis=1), width - 1)
+        cum = np.take(self._cum.reshape(-1, width), sa, axis=0)
+        idx = np.minimum(_count_at_most(cum, u), width - 1)
         nxt = self._succ.reshape(-1)[sa * width + idx]
         done = self._ends.reshape(-1)[sa] | (ep.turn >= self.num_turns - 1)
         tau = self._tau.reshape(-1)[sa]
@@ -116,6 +116,22 @@ class TabularEnv:
     def local_state(self, ep: TabularEpisodes) -> np.ndarray:
         """The state index within its own turn's space."""
         return ep.state - self.mdp.state_offset[ep.turn]
+
+
+# a row of 1, 2, 4 or 8 bools read as one unsigned integer: its popcount is the row's count of True
+_ROW_AS_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _count_at_most(cum: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """(cum <= u[..., None]).sum(axis=-1) as int64: how many entries of each row of a cumulative
+    distribution lie at or below its uniform draw (inverse-CDF sampling).  Rows of 1, 2, 4 or 8
+    entries are counted as the popcount of their bytes: numpy's sum over a short last axis costs
+    several times the comparison itself."""
+    le = np.ascontiguousarray(cum <= u[..., None])
+    as_uint = _ROW_AS_UINT.get(le.shape[-1])
+    if as_uint is None or not hasattr(np, "bitwise_count"):  # numpy < 2 has no popcount
+        return le.sum(axis=-1)
+    return np.bitwise_count(le.view(as_uint)).reshape(le.shape[:-1]).astype(np.int64)
 
 
 def _context_pairs(contexts: Ragged) -> tuple[np.ndarray, np.ndarray]:
@@ -155,17 +171,17 @@ class TabularSampler:
         self._table = self._cdf = None
         K, C, A = self.policy.num_turns, self.policy.num_contexts, self.policy.num_actions
         if K * C * A <= self.table_limit:
-            turn = torch.arange(K).repeat_interleave(C)
-            ctx = torch.arange(C).repeat(K)
             with torch.no_grad():
-                lp = self.policy.log_probs(self._params, turn, ctx).numpy().reshape(K, C, A)
-            self._table = lp
-            self._cdf = np.cumsum(np.exp(lp), axis=-1)
+                lp = self.policy.log_prob_table(self._params).numpy()
+            # one row per (turn, context) cell, row k·C + c: np.take of rows is a block copy (a 2-D fancy
+            # index costs several times as much)
+            self._table = lp.reshape(K * C, A)
+            self._cdf = np.cumsum(np.exp(self._table), axis=-1)
 
     def action_log_probs(self, contexts: Ragged) -> np.ndarray:
         turn, ctx = _decode_contexts(contexts)
         if self._table is not None:
-            return self._table[turn.numpy(), ctx.numpy()]
+            return np.take(self._table, turn.numpy() * self.policy.num_contexts + ctx.numpy(), axis=0)
         with torch.no_grad():
             return self.policy.log_probs(self._params, turn, ctx).numpy()
 
@@ -177,13 +193,15 @@ class TabularSampler:
     def generate(self, contexts: Ragged, turn: np.ndarray, n: int, rng: np.random.Generator) -> Generation:
         if self._table is not None:
             k, c = _context_pairs(contexts)
-            lp, cum = self._table[k, c], self._cdf[k, c]  # (B, A) each
+            cell = k * self.policy.num_contexts + c
+            lp, cum = np.take(self._table, cell, axis=0), np.take(self._cdf, cell, axis=0)  # (B, A) each
         else:
             lp = self.action_log_probs(contexts)  # (B, A)
             cum = np.cumsum(np.exp(lp), axis=1)
         u = rng.random((lp.shape[0], n)) * cum[:, -1:]
-        a = np.minimum((cum[:, None, :] <= u[:, :, None]).sum(axis=2), lp.shape[1] - 1)  # (B, n)
-        chosen = np.take_along_axis(lp, a, axis=1)
+        A = lp.shape[1]
+        a = np.minimum(_count_at_most(cum[:, None, :], u), A - 1)  # (B, n)
+        chosen = np.take(lp.reshape(-1), a + (np.arange(lp.shape[0]) * A)[:, None])  # lp[i, a[i, j]]
         tokens = Ragged.from_dense(a.reshape(-1, 1))
         return Generation(tokens, Ragged._owned(chosen.reshape(-1), tokens.offsets))
 
@@ -217,15 +235,17 @@ class TabularLearner:
         self.closed_form = (
             bool(closed_form) and isinstance(policy, SoftmaxTable) and hasattr(torch, "_log_softmax_backward_data")
         )
-        self._flat: tuple[TurnBatch, FlatBatch] | None = None
+        self._flat: tuple[TurnBatch, FlatBatch, tuple | None] | None = None
         p = torch.as_tensor(np.array(params, dtype=np.float64, copy=True))
         parts = list(p.unbind(0)) if policy.turn_separable else [p]
         self.parts = [torch.nn.Parameter(x.clone()) for x in parts]
         self.ref_params = p.clone()
+        # foreach=False: the single-tensor loop torch picks for CPU tensors anyway, named so that no step
+        # re-derives it by inspecting every parameter
         if optimizer == "adam":
-            self.opt = torch.optim.Adam(self.parts, lr=lr)
+            self.opt = torch.optim.Adam(self.parts, lr=lr, foreach=False)
         elif optimizer == "sgd":
-            self.opt = torch.optim.SGD(self.parts, lr=lr)
+            self.opt = torch.optim.SGD(self.parts, lr=lr, foreach=False)
         else:
             raise ValueError(f"unknown optimizer {optimizer!r}; valid: adam, sgd")
 
@@ -261,8 +281,8 @@ class TabularLearner:
                     raise ValueError("tabular responses are exactly one token (the action)")
                 k, c = _context_pairs(batch.contexts)
                 params = torch.stack(self.parts) if self.policy.turn_separable else self.parts[0]
-                table = self.policy.log_probs(params, torch.arange(K).repeat_interleave(C), torch.arange(C).repeat(K))
-                lp = table.numpy().reshape(K, C, A)[k, c, np.asarray(batch.tokens.values, np.int64)]
+                table = self.policy.log_prob_table(params).numpy()
+                lp = table[k, c, np.asarray(batch.tokens.values, np.int64)]
             else:
                 lp = self._token_logp(batch).numpy()
         return Ragged(lp, batch.tokens.offsets)
@@ -270,7 +290,7 @@ class TabularLearner:
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
         # epochs over one minibatch hand the same (immutable) batch again: its token view is reused
         if self._flat is None or self._flat[0] is not batch:
-            self._flat = (batch, FlatBatch.from_batch(batch))
+            self._flat = (batch, FlatBatch.from_batch(batch), None)
         flat = self._flat[1]
         if self.closed_form and closed_form_gradient(loss):
             return self._closed_form_step(batch, flat, loss)
@@ -287,23 +307,33 @@ class TabularLearner:
         self.opt.step()
         return metrics
 
+    def _table_rows(self, batch: TurnBatch) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """(present turns, each row's cell in their stacked (turns·C) table, each row's action as (N, 1)):
+        the batch's indices for the closed-form step, built once per batch (kept across its epochs)."""
+        if self._flat[2] is None:
+            if not batch.tokens.is_uniform(1):
+                raise ValueError("tabular responses are exactly one token (the action)")
+            turn, ctx = _context_pairs(batch.contexts)
+            if turn.size and turn.min() == turn.max():  # an RTPO phase: one turn, its table alone
+                present, cell = [int(turn[0])], ctx
+            else:
+                turns = np.unique(turn)
+                where = np.zeros(len(self.parts), np.int64)
+                where[turns] = np.arange(turns.size)
+                present, cell = turns.tolist(), where[turn] * self.policy.num_contexts + ctx
+            act = torch.from_numpy(np.array(batch.tokens.values, np.int64))[:, None]
+            self._flat = (*self._flat[:2], (present, torch.from_numpy(np.array(cell, np.int64)), act))
+        return self._flat[2]
+
     def _closed_form_step(self, batch: TurnBatch, flat: FlatBatch, loss: LossConfig) -> dict[str, float]:
         """One optimiser step of the table policy with the gradient in closed form (see the class doc)."""
-        if not batch.tokens.is_uniform(1):
-            raise ValueError("tabular responses are exactly one token (the action)")
-        turn, ctx = _context_pairs(batch.contexts)
-        action = np.asarray(batch.tokens.values, np.int64)
-        present = turn[:1] if turn.size and turn.min() == turn.max() else np.unique(turn)  # an RTPO phase: one turn
+        present, cell, act = self._table_rows(batch)
         with torch.no_grad():
             # log π of the present turns' tables, then the batch's rows: row by row the same arithmetic
             # as _token_logp, so the same log-probs, loss value and metrics
-            tables = torch.log_softmax(torch.stack([self.parts[k] for k in present.tolist()]), dim=-1)
-            C = tables.shape[1]
-            where = np.zeros(len(self.parts), np.int64)
-            where[present] = np.arange(present.size)
-            cell = torch.from_numpy(where[turn] * C + ctx)
-            lp = tables.reshape(-1, tables.shape[-1])[cell]  # (N, A)
-            act = torch.tensor(action)[:, None]
+            parts = self.parts[present[0]][None] if len(present) == 1 else torch.stack([self.parts[k] for k in present])
+            tables = torch.log_softmax(parts, dim=-1)
+            lp = tables.reshape(-1, tables.shape[-1]).index_select(0, cell)  # (N, A)
             logp = lp.gather(1, act).squeeze(1)
             ref = None
             if loss.kl_coef > 0:
@@ -316,10 +346,10 @@ class TabularLearner:
             rows = torch._log_softmax_backward_data(one_hot, lp, 1, lp.dtype)
             grad = torch.zeros_like(tables).reshape(-1, tables.shape[-1]).index_add_(0, cell, rows)
             grad = grad.reshape(tables.shape)
-        slot = dict(zip(present.tolist(), grad.unbind(0)))
-        for k, part in enumerate(self.parts):  # = zero_grad(set_to_none=True), then the present turns' grads
-            part.grad = slot.get(k)
-        metrics["train/grad_norm"] = float(torch.sqrt(sum((g_**2).sum() for g_ in grad.unbind(0))))
+            slot = dict(zip(present, grad.unbind(0)))
+            for k, part in enumerate(self.parts):  # = zero_grad(set_to_none=True), then the present turns' grads
+                part.grad = slot.get(k)
+            metrics["train/grad_norm"] = float(torch.sqrt(sum((g_**2).sum() for g_ in slot.values())))
         self.opt.step()
         return metrics
 

@@ -32,6 +32,13 @@ class TabularPolicy:
         """log π_k(· | c) for each (turn[i], ctx[i]): (B, A)."""
         return torch.log_softmax(self.logits(params, turn, ctx), dim=-1)
 
+    def log_prob_table(self, params: torch.Tensor) -> torch.Tensor:
+        """log π_k(· | c) of every (turn, context) cell: (K, C, A), row by row the same arithmetic as
+        `log_probs` on those cells."""
+        K, C = self.num_turns, self.num_contexts
+        lp = self.log_probs(params, torch.arange(K).repeat_interleave(C), torch.arange(C).repeat(K))
+        return lp.reshape(K, C, self.num_actions)
+
     def table(self, params: np.ndarray) -> np.ndarray:
         """π as a dense (K, C, A) probability array (for the exact solvers)."""
         K, C = self.num_turns, self.num_contexts
@@ -58,6 +65,10 @@ class SoftmaxTable(TabularPolicy):
 
     def logits(self, params, turn, ctx):
         return params[turn, ctx]
+
+    def log_prob_table(self, params: torch.Tensor) -> torch.Tensor:
+        # the table is its own (K, C, A) logits: one log_softmax over it, no gather of every cell
+        return torch.log_softmax(params, dim=-1)
 
 
 @dataclass

@@ -6,10 +6,19 @@
 
 `solve` is backward induction (C.1): π*_k ∈ argmax_u Q̃_k^{π*}(s, u) with π*_{k+1..K−1} already fixed.
 Policies here are dense (K, C, A) arrays of probabilities over contexts c = ψ_k(s).
+
+solve's inner step runs on one of two kernels with bit-identical results: "numpy" (a scipy CSR matvec,
+then the greedy step over the (S, A) block) or "numba" (rtpo.tabular._solve_numba: both fused in one
+compiled pass per turn; the optional `fast` extra).  kernel="auto" (the default) takes numba where it
+is installed, ψ is the identity (psi=None) and the MDP has at least AUTO_NUMBA_ENTRIES transition
+entries, where the fused pass pays for numba's import (about 1 s per process), and numpy otherwise;
+kernel="numba" refuses in one line without numba or with a psi (the pooled ψ path is numpy's).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +27,8 @@ import numpy as np
 from rtpo.tabular.mdp import TurnMDP
 
 _TIE = 1e-12
+KERNELS = ("auto", "numba", "numpy")
+AUTO_NUMBA_ENTRIES = 1 << 18  # Σ_k S_k·A·B_k at or above which kernel="auto" takes numba (if installed)
 
 
 def backup(mdp: TurnMDP, k: int, v_next: np.ndarray | None) -> np.ndarray:
@@ -59,6 +70,7 @@ class Solution(Evaluation):
 
     policy: np.ndarray = None  # type: ignore[assignment]
     psi: tuple[np.ndarray, ...] = ()
+    kernel: str = "numpy"  # the kernel that computed it ("numpy" or "numba"; see the module docstring)
 
 
 def evaluate(mdp: TurnMDP, pi: np.ndarray, psi: Sequence[np.ndarray] | None = None) -> Evaluation:
@@ -130,7 +142,89 @@ def _greedy(q: np.ndarray, out: np.ndarray) -> np.ndarray:
     return m
 
 
-def solve(mdp: TurnMDP, psi: Sequence[np.ndarray] | None = None, prefix_policy: np.ndarray | None = None) -> Solution:
+@functools.cache
+def _numba_installed() -> bool:
+    return importlib.util.find_spec("numba") is not None  # ~80 µs a call: looked up once
+
+
+def _numba_kernel():
+    """rtpo.tabular._solve_numba.greedy_turn, importing numba on first use."""
+    from rtpo.tabular._solve_numba import greedy_turn
+
+    return greedy_turn
+
+
+def choose_kernel(mdp: TurnMDP, kernel: str = "auto", psi: Sequence[np.ndarray] | None = None) -> str:
+    """The kernel solve(mdp, psi, kernel=kernel) runs: "numpy" or "numba" (see the module docstring)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"solve: unknown kernel {kernel!r}; expected one of {', '.join(KERNELS)}")
+    if kernel == "numpy" or (kernel == "auto" and psi is not None):
+        return "numpy"
+    if kernel == "numba":
+        if psi is not None:
+            raise ValueError("solve: kernel='numba' serves psi=None only (the pooled psi path runs on numpy)")
+        if not _numba_installed():
+            raise ImportError("solve: kernel='numba' needs numba, which is not installed (pip install 'rtpo[fast]')")
+        return "numba"
+    entries = sum(p.size for p in mdp.prob[:-1])
+    if entries < AUTO_NUMBA_ENTRIES or not _numba_installed():
+        return "numpy"
+    try:
+        _numba_kernel()
+    except ImportError:  # installed but unusable (e.g. built for another numpy): auto keeps to numpy
+        return "numpy"
+    return "numba"
+
+
+def _ro_view(a: np.ndarray) -> np.ndarray:
+    a = a.view()
+    a.flags.writeable = False
+    return a
+
+
+def _solve_numba(mdp: TurnMDP, psi_t: tuple[np.ndarray, ...]) -> Solution:
+    """solve(mdp) (identity ψ) with the fused kernel: one compiled pass per turn, last turn first."""
+    greedy_turn = _numba_kernel()
+    K, A = mdp.num_turns, mdp.num_actions
+    C = max(mdp.num_states)
+    policy = np.empty((K, C, A))  # the kernel writes every state's row
+    for k in range(K):
+        policy[k, mdp.num_states[k] :] = 0.0
+        policy[k, mdp.num_states[k] :, 0] = 1.0  # contexts no state maps to: any fixed choice
+    # every argument read-only (or, for the outputs, writable) whatever the turn: one compiled signature
+    none_f, none_i, no_disc = _ro_view(np.empty(0)), _ro_view(np.empty(0, np.int32)), _ro_view(np.empty((0, 0)))
+    disc_of: dict[int, np.ndarray] = {}
+    # one block for every turn's Q̃ and one for V (each turn a view): at 10⁵ states numpy backs a block of
+    # ≥ 4 MB with huge pages, where K separate arrays would take a page fault every 4 KB
+    off = mdp.state_offset
+    q_all, v_all = np.empty((int(off[-1]), A)), np.empty(int(off[-1]))
+    q = [q_all[off[k] : off[k + 1]] for k in range(K)]
+    v = [v_all[off[k] : off[k + 1]] for k in range(K)]
+    v_next = none_f
+    for k in range(K - 1, -1, -1):
+        S = mdp.num_states[k]
+        last = k == K - 1
+        data, indices, width, disc = none_f, none_i, 0, no_disc
+        if not last:
+            m = mdp.transition_csr[k]
+            data, indices, width = _ro_view(m.data), _ro_view(m.indices), mdp.prob[k].shape[2]
+            if mdp.gamma != 1.0:
+                key = id(mdp.tau[k])  # held by mdp, so the id stays valid; shared turns share one γ^τ
+                if key not in disc_of:
+                    disc_of[key] = _ro_view(mdp.gamma ** mdp.tau[k])  # as backup computes it: bit-identical
+                disc = disc_of[key]
+        greedy_turn(last, data, indices, width, mdp.reward[k], disc, v_next, _TIE, q[k], v[k], policy[k, :S])
+        v_next = _ro_view(v[k])
+    f = tuple(v[k + 1] if k < K - 1 else np.zeros(0) for k in range(K))
+    return Solution(tuple(q), tuple(v), f, float(mdp.init @ v[0]), policy=policy, psi=psi_t, kernel="numba")
+
+
+def solve(
+    mdp: TurnMDP,
+    psi: Sequence[np.ndarray] | None = None,
+    prefix_policy: np.ndarray | None = None,
+    kernel: str = "auto",
+) -> Solution:
     """Backward induction over turn boundaries (C.1).
 
     psi=None: the policy sees the full state (identity ψ); the result is the global optimum V*.
@@ -139,10 +233,16 @@ def solve(mdp: TurnMDP, psi: Sequence[np.ndarray] | None = None, prefix_policy: 
     those states weighted by d_k(s), the probability of reaching s at turn k under `prefix_policy` for
     turns < k (default uniform; in RTPO these are the trunk's θ0 turns).  Under a decision-sufficient ψ
     this equals V* whatever the prefix policy (Thm 1(c)); under an aliasing ψ it can be strictly lower.
+
+    kernel: "auto" | "numba" | "numpy", the same result bit for bit (module docstring); the one that ran
+    is Solution.kernel.
     """
+    used = choose_kernel(mdp, kernel, psi)
     K = mdp.num_turns
     if psi is None:
         psi_t = tuple(np.arange(s, dtype=np.int64) for s in mdp.num_states)
+        if used == "numba":
+            return _solve_numba(mdp, psi_t)
     else:
         psi_t = tuple(np.asarray(p, dtype=np.int64) for p in psi)
         if len(psi_t) != K or any(p.shape != (s,) for p, s in zip(psi_t, mdp.num_states)):

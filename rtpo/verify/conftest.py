@@ -14,9 +14,20 @@ import torch
 from rtpo.verify.profiles import load_profile
 
 load_profile()
-# The claim tests run tiny tensors; one intra-op thread avoids thread hand-off costs that dominate them
-# (and oversubscription on a shared 2-core machine).  Results do not depend on the thread count.
-torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """The claim tests run tiny tensors; one intra-op thread avoids thread hand-off costs that dominate them
+    (and oversubscription on a shared 2-core machine).  Set per test of this folder and put back after it:
+    this conftest is imported when `pytest` collects, so a module-level call would hold for tests/ too."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
 
 _MUTANT = os.environ.get("RTPO_MUTANT", "").strip()
 if _MUTANT:

@@ -169,11 +169,16 @@ def _cs1() -> str:
 
 
 def figures() -> dict[str, str]:
+    """The report's figures, computed with one torch thread (tiny tensors); the caller's count is put back."""
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
-    out: dict[str, str] = {}
-    for part in (_t1, _t2, _t3, _is):
-        out.update(part())
-    out["T2c"] = _t2c()
-    out["MM1"] = _mm1()
-    out["CS1"] = _cs1()
-    return out
+    try:
+        out: dict[str, str] = {}
+        for part in (_t1, _t2, _t3, _is):
+            out.update(part())
+        out["T2c"] = _t2c()
+        out["MM1"] = _mm1()
+        out["CS1"] = _cs1()
+        return out
+    finally:
+        torch.set_num_threads(before)

@@ -60,6 +60,7 @@ pytest.importorskip("rtpo.llm.env", reason="the LLM backend (rtpo.llm) is not on
 import rtpo.core.methods.base as method_base  # noqa: E402
 from rtpo.backends import get_backend  # noqa: E402
 from rtpo.config import load_scenario  # noqa: E402
+from rtpo.core.protocols import ReportsMetrics  # noqa: E402
 from rtpo.distributed import distribute  # noqa: E402
 
 # Ray runs in module fixtures reached through request.getfixturevalue: the tier rule of tests/conftest.py
@@ -117,7 +118,10 @@ def _iteration(cfg) -> IterationRecord:
             method = cfg.method.build()
             state = method.begin(ctx, np.arange(cfg.budget.queries_per_iteration, dtype=np.int64))
             while state.pending:
-                phases.append({**method.phase(ctx, state), **getattr(ctx, "pop_metrics", dict)()})
+                metrics = {**method.phase(ctx, state), **getattr(ctx, "pop_metrics", dict)()}
+                if ctx.sampler is not ctx and isinstance(ctx.sampler, ReportsMetrics):  # as rtpo.run does
+                    metrics.update(ctx.sampler.pop_metrics())
+                phases.append(metrics)
         weights = {k: v.detach().clone() for k, v in ctx.learner.weights().items()}
         if hasattr(ctx, "pool"):
             pids = list(ctx.pool.pids) + list(ctx.learner.pids)
@@ -202,6 +206,24 @@ def test_the_rollout_workers_environment_counters_reach_the_driver(ray_run, shar
     assert set(ray) == set(local)
     for k in sorted(local):
         assert ray[k] == pytest.approx(local[k], rel=1e-12, abs=1e-12), k
+
+
+GEN_KEYS = {"time/generate_s", "gen/tokens", "gen/responses", "gen/response_len_mean", "gen/tokens_per_s"}
+
+
+def test_ray_phases_report_generation_under_the_one_process_keys(ray_run, sharded_run, plain_run):
+    """The rollout workers' generation reaches the driver's phase metrics under the keys a one-process
+    run logs (gen/*, time/generate_s): each phase's tokens and responses are what its recorded rollouts
+    generated (the first phase also carries begin's trunks) and equal the sharded run's (the same episodes)."""
+    for run in (ray_run, sharded_run, plain_run):
+        for p in run.phases:
+            assert GEN_KEYS <= set(p), sorted(GEN_KEYS - set(p))
+            assert p["gen/tokens_per_s"] > 0 and p["time/generate_s"] > 0
+            assert p["gen/response_len_mean"] == pytest.approx(p["gen/tokens"] / p["gen/responses"], rel=1e-12)
+        assert sum(p["gen/tokens"] for p in run.phases) == sum(r.tokens for r, _ in run.rollouts)
+        assert sum(p["gen/responses"] for p in run.phases) == sum(r.turns for r, _ in run.rollouts)
+    for pa, pb in zip(ray_run.phases, sharded_run.phases, strict=True):
+        assert (pa["gen/tokens"], pa["gen/responses"]) == (pb["gen/tokens"], pb["gen/responses"])
 
 
 @pytest.mark.parametrize("which", ["ray_run", "ray_collective_run"])

@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from rtpo import checkpoint, cli
+from rtpo.metrics import reproducible
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "llm" / "tiny-cpu.yaml"
@@ -71,11 +72,8 @@ def _only_run(out: Path) -> Path:
 
 
 def _untimed(run_dir: Path) -> list[dict]:
-    """The metric lines without wall-clock figures (time/*, rates per second)."""
-    return [
-        {k: v for k, v in m.items() if not (k.startswith(("time/", "ray/")) or k.endswith("_per_s"))}
-        for m in checkpoint.read_metrics(run_dir)
-    ]
+    """The metric lines without wall-clock figures (rtpo.metrics.wall_clock: time/*, seconds, rates per second)."""
+    return [reproducible(m) for m in checkpoint.read_metrics(run_dir)]
 
 
 def _diff(a: list[dict], b: list[dict]) -> list:

@@ -117,6 +117,12 @@ def check_sibling_contexts(sibs, recorded: Ragged, boundary_of: np.ndarray, k: i
     """Sibling i must see exactly the recorded c_k of boundary boundary_of[i] (snapshot/restore is exact)."""
     if isinstance(sibs, Rollouts):
         seen = sibs.contexts.take(sibs.row_start)
+        w = seen._uniform_width()
+        if w and w == recorded._uniform_width():  # equal-length contexts: compare the (rows, w) blocks
+            got, want = seen.values.reshape(-1, w), np.take(recorded.values.reshape(-1, w), boundary_of, axis=0)
+            if not np.array_equal(got, want):
+                raise RuntimeError(f"sibling context differs from the recorded c_{k}: snapshot/restore is not exact")
+            return
     else:
         seen = Ragged.from_rows([s.contexts[0] for s in sibs], dtype=np.int64)
     if not seen.equals(recorded.take(boundary_of)):
@@ -219,10 +225,11 @@ class ReverseTurn(Method):
 
     @staticmethod
     def advantage_metrics(returns: np.ndarray, adv: np.ndarray, zero: np.ndarray) -> dict[str, float]:
+        zero_rate = float(zero.mean())
         return {
             "return/mean": float(returns.mean()),
-            "adv/zero_rate": float(zero.mean()),
-            "adv/zero_rollout_share": float(zero.mean()),  # equal groups: the share of siblings in tied groups
+            "adv/zero_rate": zero_rate,
+            "adv/zero_rollout_share": zero_rate,  # equal groups: the share of siblings in tied groups
             "adv/abs_mean": float(np.abs(adv).mean()),
             "adv/value_std_across_boundaries": float(returns.mean(axis=1).std()),
         }
