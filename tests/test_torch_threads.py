@@ -11,6 +11,10 @@ from rtpo.verify import report
 
 
 def test_compare_jobs_and_verify_figures_restore_the_thread_count(monkeypatch):
+    # an in-process vLLM CPU engine replaces torch.set_num_threads with a no-op for the rest of the process
+    # (vllm/v1/worker/cpu_worker.py); an earlier test in the session may have started one, so this test
+    # puts torch's own function back for its duration
+    monkeypatch.setattr(torch, "set_num_threads", torch._C.set_num_threads)
     before = torch.get_num_threads()
     mine = 3 if before != 3 else 2
     torch.set_num_threads(mine)
