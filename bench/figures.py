@@ -6,7 +6,7 @@ path of the value inside it:
     [7.2 ms](bench/results.json "benchmarks[name=test_bench_solve_sparse_1e5_states].stats.min")
 
 The link text is the value rendered with the unit after the number: `ms` (×1e3), `µs` (×1e6), `k` or
-`k/s` (÷1e3), `M/s` (÷1e6), `%` (×100), `GB/s` and `GB` (÷1e9); anything else (`×`, `s`, none) takes the
+`k/s` (÷1e3), `M/s` (÷1e6), `%` (×100), `kB` (÷1e3), `MB` (÷1e6), `GB/s` and `GB` (÷1e9); anything else (`×`, `s`, none) takes the
 value as it is.  The number of decimals written is the precision the figure claims.
 
     python bench/figures.py            # check every figure (exit 1 and list the stale ones)
@@ -36,7 +36,18 @@ DOCS = ("README.md", "docs")
 LINK = re.compile(r"\[(?P<text>[^\]\[]*)\]\((?P<target>[\w./-]+\.json) \"(?P<path>[^\"]+)\"\)")
 SOURCES = ("bench", "docs/results")
 NUMBER = re.compile(r"(?P<num>[-+]?\d[\d,]*(?:\.(?P<dec>\d+))?)\s?(?P<unit>[^\d\s].*)?$")
-SCALE = {"ms": 1e3, "µs": 1e6, "k": 1e-3, "k/s": 1e-3, "M/s": 1e-6, "%": 1e2, "GB/s": 1e-9, "GB": 1e-9}
+SCALE = {
+    "ms": 1e3,
+    "µs": 1e6,
+    "k": 1e-3,
+    "k/s": 1e-3,
+    "M/s": 1e-6,
+    "%": 1e2,
+    "kB": 1e-3,
+    "MB": 1e-6,
+    "GB/s": 1e-9,
+    "GB": 1e-9,
+}
 STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\[([^\]]+=[^\]]*)\]")
 
 

@@ -48,6 +48,7 @@ def test_render_units():
     assert figures.render(163_000.4, "9.1k/s") == "163.0k/s"
     assert figures.render(0.0072, "0.17 ms") == "7.20 ms"
     assert figures.render(1234.5, "1,000") == "1,234"
+    assert figures.render(9223, "9.2 kB") == "9.2 kB" and figures.render(1754749, "1.75 MB") == "1.75 MB"
 
 
 def test_selector_matches_every_pair_and_values_may_hold_equals(tmp_path):
