@@ -25,14 +25,10 @@ def pytest_collection_modifyitems(config, items):
 def one_torch_thread():
     """torch with one intra-op thread for the test, the process's count put back after it (a module-level
     set_num_threads would hold for every test collected after it)."""
-    import torch
+    from rtpo.threads import torch_threads
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture

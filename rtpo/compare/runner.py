@@ -9,6 +9,7 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 
 from rtpo.compare.jobs import Job
+from rtpo.threads import torch_threads
 
 CURVE_KEYS = (
     "budget/rollouts",
@@ -61,13 +62,8 @@ def run_job(job: Job) -> Outcome:
 def run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
     """Run the jobs (in this process when workers <= 1, else in a process pool), each with one torch
     thread; this process's thread count is put back afterwards (a library caller, a test session)."""
-    import torch
-
-    before = torch.get_num_threads()
-    try:
+    with torch_threads(1):
         return _run_all(jobs, workers, on_done)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:

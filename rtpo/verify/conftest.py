@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
+from rtpo.threads import torch_threads
 from rtpo.verify.profiles import load_profile
 
 load_profile()
@@ -21,12 +21,8 @@ def _one_torch_thread():
     """The claim tests run tiny tensors; one intra-op thread avoids thread hand-off costs that dominate them
     (and oversubscription on a shared 2-core machine).  Set per test of this folder and put back after it:
     this conftest is imported when `pytest` collects, so a module-level call would hold for tests/ too."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 _MUTANT = os.environ.get("RTPO_MUTANT", "").strip()

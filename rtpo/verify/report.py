@@ -6,10 +6,10 @@ Each figure is the same quantity the claim's test asserts, printed beside the va
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from rtpo.core import estimators
 from rtpo.tabular import evaluate, last_feedback_psi, random_mdp, solve, tool_chain, uniform_policy
+from rtpo.threads import torch_threads
 from rtpo.verify import exact
 
 
@@ -170,9 +170,7 @@ def _cs1() -> str:
 
 def figures() -> dict[str, str]:
     """The report's figures, computed with one torch thread (tiny tensors); the caller's count is put back."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         out: dict[str, str] = {}
         for part in (_t1, _t2, _t3, _is):
             out.update(part())
@@ -180,5 +178,3 @@ def figures() -> dict[str, str]:
         out["MM1"] = _mm1()
         out["CS1"] = _cs1()
         return out
-    finally:
-        torch.set_num_threads(before)
