@@ -11,7 +11,7 @@ solve's inner step runs on one of two kernels with bit-identical results: "numpy
 then the greedy step over the (S, A) block) or "numba" (rtpo.tabular._solve_numba: both fused in one
 compiled pass per turn; the optional `fast` extra).  kernel="auto" (the default) takes numba where it
 is installed, ψ is the identity (psi=None) and the MDP has at least AUTO_NUMBA_ENTRIES transition
-entries, where the fused pass pays for numba's import (about 1 s per process), and numpy otherwise;
+entries, where the fused pass pays for numba's import and cached first call (bench/solve.json, numba_jit), and numpy otherwise;
 kernel="numba" refuses in one line without numba or with a psi (the pooled ψ path is numpy's).
 """
 
