@@ -72,6 +72,11 @@ class Solution(Evaluation):
     psi: tuple[np.ndarray, ...] = ()
     kernel: str = "numpy"  # the kernel that computed it ("numpy" or "numba"; see the module docstring)
 
+    @property
+    def actions(self) -> np.ndarray:
+        """(K, C) int64: the action the policy takes in each (turn, context), policy.argmax(axis=2)."""
+        return self.policy.argmax(axis=2)
+
 
 def evaluate(mdp: TurnMDP, pi: np.ndarray, psi: Sequence[np.ndarray] | None = None) -> Evaluation:
     """Policy evaluation by the backward recursion of Eq. 19–20 for π given over contexts ψ (default mdp.psi)."""
@@ -148,10 +153,10 @@ def _numba_installed() -> bool:
 
 
 def _numba_kernel():
-    """rtpo.tabular._solve_numba.greedy_turn, importing numba on first use."""
-    from rtpo.tabular._solve_numba import greedy_turn
+    """rtpo.tabular._solve_numba, importing numba on first use."""
+    from rtpo.tabular import _solve_numba
 
-    return greedy_turn
+    return _solve_numba
 
 
 def choose_kernel(mdp: TurnMDP, kernel: str = "auto", psi: Sequence[np.ndarray] | None = None) -> str:
@@ -176,47 +181,80 @@ def choose_kernel(mdp: TurnMDP, kernel: str = "auto", psi: Sequence[np.ndarray] 
     return "numba"
 
 
-def _ro_view(a: np.ndarray) -> np.ndarray:
-    a = a.view()
-    a.flags.writeable = False
-    return a
+class _CompiledSolution(Solution):
+    """A Solution from the numba kernel: v, f, value and the greedy actions are computed; q (one more
+    compiled pass that also writes Q̃), policy (one-hot from the actions) and psi (the identity) are
+    built on first access and kept.  At 10⁵ states these are 13 MB that a caller after V* alone would
+    otherwise pay for in fresh pages on every solve."""
+
+    def __init__(self, mdp: TurnMDP, v: tuple[np.ndarray, ...], actions: np.ndarray) -> None:
+        K = mdp.num_turns
+        f = tuple(v[k + 1] if k < K - 1 else np.zeros(0) for k in range(K))
+        # the frozen dataclass's fields, less the three properties below (its __init__ would assign them)
+        for name, value in (("v", v), ("f", f), ("value", float(mdp.init @ v[0])), ("kernel", "numba")):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_mdp", mdp)
+        object.__setattr__(self, "_flat_actions", actions)
+
+    def _lazy(self, name: str, build):
+        got = self.__dict__.get(name)
+        if got is None:
+            got = build()
+            object.__setattr__(self, name, got)
+        return got
+
+    @property  # type: ignore[override]
+    def q(self) -> tuple[np.ndarray, ...]:
+        return self._lazy("_q", lambda: _run_numba(self._mdp, with_q=True)[2])
+
+    @property  # type: ignore[override]
+    def policy(self) -> np.ndarray:
+        def build():
+            best = self.actions
+            policy = np.zeros((*best.shape, self._mdp.num_actions))
+            np.put_along_axis(policy, best[:, :, None], 1.0, axis=2)
+            return policy
+
+        return self._lazy("_policy", build)
+
+    @property  # type: ignore[override]
+    def psi(self) -> tuple[np.ndarray, ...]:
+        return self._lazy("_psi", lambda: tuple(np.arange(s, dtype=np.int64) for s in self._mdp.num_states))
+
+    @property
+    def actions(self) -> np.ndarray:
+        def build():
+            mdp = self._mdp
+            best = np.zeros((mdp.num_turns, max(mdp.num_states)), dtype=np.int64)  # unmapped contexts: 0
+            off = mdp.state_offset
+            for k in range(mdp.num_turns):
+                best[k, : mdp.num_states[k]] = self._flat_actions[off[k] : off[k + 1]]
+            best.flags.writeable = False
+            return best
+
+        return self._lazy("_actions", build)
 
 
-def _solve_numba(mdp: TurnMDP, psi_t: tuple[np.ndarray, ...]) -> Solution:
-    """solve(mdp) (identity ψ) with the fused kernel: one compiled pass per turn, last turn first."""
-    greedy_turn = _numba_kernel()
-    K, A = mdp.num_turns, mdp.num_actions
-    C = max(mdp.num_states)
-    policy = np.empty((K, C, A))  # the kernel writes every state's row
-    for k in range(K):
-        policy[k, mdp.num_states[k] :] = 0.0
-        policy[k, mdp.num_states[k] :, 0] = 1.0  # contexts no state maps to: any fixed choice
-    # every argument read-only (or, for the outputs, writable) whatever the turn: one compiled signature
-    none_f, none_i, no_disc = _ro_view(np.empty(0)), _ro_view(np.empty(0, np.int32)), _ro_view(np.empty((0, 0)))
-    disc_of: dict[int, np.ndarray] = {}
-    # one block for every turn's Q̃ and one for V (each turn a view): at 10⁵ states numpy backs a block of
-    # ≥ 4 MB with huge pages, where K separate arrays would take a page fault every 4 KB
-    off = mdp.state_offset
-    q_all, v_all = np.empty((int(off[-1]), A)), np.empty(int(off[-1]))
-    q = [q_all[off[k] : off[k + 1]] for k in range(K)]
-    v = [v_all[off[k] : off[k + 1]] for k in range(K)]
-    v_next = none_f
-    for k in range(K - 1, -1, -1):
-        S = mdp.num_states[k]
-        last = k == K - 1
-        data, indices, width, disc = none_f, none_i, 0, no_disc
-        if not last:
-            m = mdp.transition_csr[k]
-            data, indices, width = _ro_view(m.data), _ro_view(m.indices), mdp.prob[k].shape[2]
-            if mdp.gamma != 1.0:
-                key = id(mdp.tau[k])  # held by mdp, so the id stays valid; shared turns share one γ^τ
-                if key not in disc_of:
-                    disc_of[key] = _ro_view(mdp.gamma ** mdp.tau[k])  # as backup computes it: bit-identical
-                disc = disc_of[key]
-        greedy_turn(last, data, indices, width, mdp.reward[k], disc, v_next, _TIE, q[k], v[k], policy[k, :S])
-        v_next = _ro_view(v[k])
-    f = tuple(v[k + 1] if k < K - 1 else np.zeros(0) for k in range(K))
-    return Solution(tuple(q), tuple(v), f, float(mdp.init @ v[0]), policy=policy, psi=psi_t, kernel="numba")
+def _run_numba(mdp: TurnMDP, with_q: bool):
+    """One compiled call over every turn: (v per turn, actions flat int32, q per turn or None)."""
+    kernel = _numba_kernel()
+    layout = kernel.lane_layout(mdp)
+    off, A = mdp.state_offset, mdp.num_actions
+    n = int(off[-1])
+    # one block for every turn's V (each turn a view; at 10⁵ states numpy backs ≥ 4 MB with huge pages)
+    v_all = np.empty(n)
+    actions = np.empty(n, dtype=np.int32)
+    q_all = np.empty(n * A if with_q else 0)
+    kernel.solve_turns(layout.P, layout.I, layout.R, layout.D, layout.meta, A, _TIE, q_all, v_all, actions)
+    v = tuple(v_all[off[k] : off[k + 1]] for k in range(mdp.num_turns))
+    q = tuple(q_all[off[k] * A : off[k + 1] * A].reshape(-1, A) for k in range(mdp.num_turns)) if with_q else None
+    return v, actions, q
+
+
+def _solve_numba(mdp: TurnMDP) -> Solution:
+    """solve(mdp) (identity ψ) with the fused kernel: every turn in one compiled call, last turn first."""
+    v, actions, _ = _run_numba(mdp, with_q=False)
+    return _CompiledSolution(mdp, v, actions)
 
 
 def solve(
@@ -240,9 +278,9 @@ def solve(
     used = choose_kernel(mdp, kernel, psi)
     K = mdp.num_turns
     if psi is None:
-        psi_t = tuple(np.arange(s, dtype=np.int64) for s in mdp.num_states)
         if used == "numba":
-            return _solve_numba(mdp, psi_t)
+            return _solve_numba(mdp)
+        psi_t = tuple(np.arange(s, dtype=np.int64) for s in mdp.num_states)
     else:
         psi_t = tuple(np.asarray(p, dtype=np.int64) for p in psi)
         if len(psi_t) != K or any(p.shape != (s,) for p, s in zip(psi_t, mdp.num_states)):
