@@ -4,7 +4,7 @@ Imported only when solve's kernel is "numba" (or "auto" picks it): numba is the 
 
 Layout.  The kernel does not read the CSR matrix.  `lane_layout(mdp)` stores each turn's transitions
 once more, with the actions in lanes of LANES = 4: for state s, action block l (actions 4l..4l+3) and
-successor j, the four actions' probabilities lie side by side (and their int32 successors, in a second
+successor j, the four actions' probabilities lie side by side (and their successors, in a second
 array of the same shape).  One step of the inner loop then loads four probabilities at once, gathers the
 four V_{k+1} values and advances four independent sums with one vector multiply and one vector add.  A
 row of the CSR layout holds one action's successors, whose sum is one dependent chain of B additions;
@@ -64,27 +64,37 @@ def _prefetch(typingctx, arr, idx):
     return sig, codegen
 
 
-def _lane_sums_intrinsic(blocks: int):
-    """An intrinsic (prob, succ, v, base, stride, width, v_off) -> `blocks`·LANES sums: for each block
-    b, lane i, Σ_{j<width} prob[base + b·stride + 4j + i] · v[v_off + succ[same]], left to right from 0.0.
+def _lane_q_intrinsic(blocks: int, disc: bool):
+    """An intrinsic (P, I, v, base, stride, width, v_off, R, r, D, d, n, row, lo) that writes Q̃ of the
+    `blocks`·LANES actions lo.. of one state into row[lo:] (Eq. 20): for block b and lane i, with
+    e = base + b·stride + LANES·j + i,
 
-    Written in LLVM IR because numba's loop leaves the four lanes scalar: per entry j and block, one
+        row[lo + LANES·b + i] = (Σ_{j<width} P[e] · v[v_off + I[e]]) [× D[d + lo + LANES·b + i]] + R[r + lo + LANES·b + i]
+
+    the sum left to right from 0.0, the product by γ^τ only where `disc`; −inf for actions ≥ n (padding).
+
+    Written in LLVM IR because numba's loop leaves the lanes scalar: per successor j and block, one
     <4 x double> load of the probabilities, four scalar V loads put into a vector, one fmul and one fadd
-    (no fast-math flags: each lane is exactly the scalar chain).  Two blocks advance in the same loop.
+    (no fast-math flags: each lane is exactly the scalar chain); every index is unsigned (no negative
+    wraparound code).  Blocks advance in the same loop, their chains independent.
     """
 
     @intrinsic
-    def lane_sums(typingctx, prob, succ, v, base, stride, width, v_off):
-        ret = types.UniTuple(types.float64, blocks * LANES)
-        sig = ret(prob, succ, v, base, stride, width, v_off)
+    def lane_q(typingctx, P, I, v, base, stride, width, v_off, R, r, D, d, n, row, lo):
+        sig = types.void(P, I, v, base, stride, width, v_off, R, r, D, d, n, row, lo)
 
         def codegen(context, builder, signature, args):
-            pa = context.make_array(signature.args[0])(context, builder, args[0])
-            ia = context.make_array(signature.args[1])(context, builder, args[1])
-            va = context.make_array(signature.args[2])(context, builder, args[2])
-            i64, f64 = ir.IntType(64), ir.DoubleType()
+            Pa, Ia, va, Ra, Da, rowa = (
+                context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 2, 7, 9, 12)
+            )
+            i32, i64, f64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
             vec = ir.VectorType(f64, LANES)
-            base_, stride_, width_, voff = (builder.sext(x, i64) if x.type != i64 else x for x in args[3:7])
+            vecp = vec.as_pointer()
+
+            def as64(x):
+                return builder.sext(x, i64) if x.type != i64 else x
+
+            base_, stride_, width_, voff, r_, d_, n_, lo_ = (as64(args[i]) for i in (3, 4, 5, 6, 8, 10, 11, 13))
             zero = ir.Constant(vec, [0.0] * LANES)
             pre = builder.block
             loop = builder.append_basic_block("lanes.loop")
@@ -97,55 +107,59 @@ def _lane_sums_intrinsic(blocks: int):
             j.add_incoming(ir.Constant(i64, 0), pre)
             for acc in accs:
                 acc.add_incoming(zero, pre)
-            vecp = vec.as_pointer()
             nxt = []
             for b, acc in enumerate(accs):
                 e = builder.add(
                     builder.add(base_, builder.mul(stride_, ir.Constant(i64, b))), builder.shl(j, ir.Constant(i64, 2))
                 )
-                p = builder.load(builder.bitcast(builder.gep(pa.data, [e]), vecp), align=8)
+                prob = builder.load(builder.bitcast(builder.gep(Pa.data, [e]), vecp), align=8)
                 g = zero
                 for lane in range(LANES):
-                    idx = builder.load(builder.gep(ia.data, [builder.add(e, ir.Constant(i64, lane))]))
-                    vi = builder.load(builder.gep(va.data, [builder.add(voff, builder.zext(idx, i64))]))
-                    g = builder.insert_element(g, vi, ir.Constant(ir.IntType(32), lane))
-                nxt.append(builder.fadd(acc, builder.fmul(p, g)))
+                    idx = builder.load(builder.gep(Ia.data, [builder.add(e, ir.Constant(i64, lane))]))
+                    x = builder.load(builder.gep(va.data, [builder.add(voff, builder.zext(idx, i64))]))
+                    g = builder.insert_element(g, x, ir.Constant(i32, lane))
+                nxt.append(builder.fadd(acc, builder.fmul(prob, g)))
             j1 = builder.add(j, ir.Constant(i64, 1))
             end = builder.block
             j.add_incoming(j1, end)
-            for acc, n in zip(accs, nxt):
-                acc.add_incoming(n, end)
+            for acc, x in zip(accs, nxt):
+                acc.add_incoming(x, end)
             builder.cbranch(builder.icmp_signed("<", j1, width_), loop, done)
             builder.position_at_end(done)
-            results = [builder.phi(vec) for _ in accs]  # the phis first here too
-            for r, n in zip(results, nxt):
+            sums = [builder.phi(vec) for _ in accs]  # the phis first here too
+            for r, x in zip(sums, nxt):
                 r.add_incoming(zero, pre)
-                r.add_incoming(n, end)
-            out = [builder.extract_element(r, ir.Constant(ir.IntType(32), i)) for r in results for i in range(LANES)]
-            return context.make_tuple(builder, signature.return_type, out)
+                r.add_incoming(x, end)
+            neg_inf = ir.Constant(vec, [float("-inf")] * LANES)
+            n_vec = builder.insert_element(
+                ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), n_, ir.Constant(i32, 0)
+            )
+            n_vec = builder.shuffle_vector(n_vec, n_vec, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+            lo_vec = builder.insert_element(
+                ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), lo_, ir.Constant(i32, 0)
+            )
+            lo_vec = builder.shuffle_vector(lo_vec, lo_vec, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+            for b, x in enumerate(sums):
+                at = builder.add(lo_, ir.Constant(i64, LANES * b))
+                if disc:
+                    dp = builder.gep(Da.data, [builder.add(d_, at)])
+                    x = builder.fmul(x, builder.load(builder.bitcast(dp, vecp), align=8))
+                rp = builder.gep(Ra.data, [builder.add(r_, at)])
+                x = builder.fadd(x, builder.load(builder.bitcast(rp, vecp), align=8))
+                lane_ids = builder.add(
+                    lo_vec, ir.Constant(ir.VectorType(i64, LANES), [LANES * b + i for i in range(LANES)])
+                )
+                x = builder.select(builder.icmp_unsigned("<", lane_ids, n_vec), x, neg_inf)
+                builder.store(x, builder.bitcast(builder.gep(rowa.data, [at]), vecp), align=8)
+            return context.get_dummy_value()
 
         return sig, codegen
 
-    return lane_sums
+    return lane_q
 
 
-_lane_sums1 = _lane_sums_intrinsic(1)
-_lane_sums2 = _lane_sums_intrinsic(2)
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _finish(row, lo, sums, R, r, D, d, use_disc, n):  # pragma: no cover - compiled
-    """row[lo + i] = Q̃ of action lo + i from its sum: ×γ^τ (D[d + a]) where γ ≠ 1, then +r (R[r + a])
-    (Eq. 20); −inf past the n real actions (padding: never the maximum, never picked)."""
-    for i in range(len(sums)):
-        a = lo + i
-        if a < n:
-            x = sums[i]
-            if use_disc:
-                x *= D[d + a]
-            row[a] = x + R[r + a]
-        else:
-            row[a] = -np.inf
+_lane_q1, _lane_q2 = _lane_q_intrinsic(1, False), _lane_q_intrinsic(2, False)
+_lane_q1d, _lane_q2d = _lane_q_intrinsic(1, True), _lane_q_intrinsic(2, True)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
@@ -164,15 +178,29 @@ def _greedy(row, m, n, tie):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _turn(P, I, R, D, meta_k, v_next_off, n, tie, q, row, v, actions, blocks):  # pragma: no cover - compiled
-    """One turn with a continuation, `blocks` lane blocks per state (a constant where the caller passes
-    one, so LLVM unrolls the state's loops); writes V, the greedy actions and, if q is not empty, Q̃."""
-    S, B, p_off, r_off, d_off = meta_k[S_K], meta_k[WIDTH], meta_k[P_OFF], meta_k[R_OFF], meta_k[D_OFF]
+def _store(row, m, n, tie, at, q, v, actions):  # pragma: no cover - compiled
+    """The greedy step of the state at flat index `at` from its Q̃ row: its action, V and, if q is not
+    empty, its Q̃ (the n real actions)."""
+    best = _greedy(row, m, n, tie)
+    at = np.uint64(at)
+    actions[at] = best
+    v[at] = row[best]
+    if q.shape[0] != 0:
+        for a in range(n):
+            q[at * np.uint64(n) + np.uint64(a)] = row[a]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _turn(P, I, R, D, meta_k, v_next_off, n, tie, q, row, v, actions, blocks, B):  # pragma: no cover - compiled
+    """One turn with a continuation, `blocks` lane blocks of B successors per state (constants where the
+    caller passes them, so LLVM unrolls the state's loops); writes V, the greedy actions and, if q is not
+    empty, Q̃."""
+    S, p_off, r_off, d_off = meta_k[S_K], meta_k[P_OFF], meta_k[R_OFF], meta_k[D_OFF]
     v_off, prefetch = meta_k[V_OFF], meta_k[PREFETCH] != 0
     stride = LANES * B  # one block's entries
     span = blocks * stride  # one state's entries
+    m = blocks * LANES  # lanes per state
     use_disc = d_off >= 0
-    write_q = q.shape[0] != 0
     end = P.shape[0]
     for s in range(S):
         base = p_off + s * span
@@ -181,48 +209,40 @@ def _turn(P, I, R, D, meta_k, v_next_off, n, tie, q, row, v, actions, blocks):  
             stop = min(ahead + span, end)
             for j in range(ahead, stop, 8):  # 64-byte lines: 8 probabilities ...
                 _prefetch(P, j)
-            for j in range(ahead, stop, 16):  # ... and 16 int32 successors
+            for j in range(ahead, stop, 64 // I.itemsize):  # ... and 32 uint16 or 16 uint32 successors
                 _prefetch(I, j)
-        r, d = r_off + s * n, d_off + s * n
-        b = 0
-        while b + 2 <= blocks:
-            _finish(
-                row, b * LANES, _lane_sums2(P, I, v, base + b * stride, stride, B, v_next_off), R, r, D, d, use_disc, n
-            )
-            b += 2
-        if b < blocks:
-            _finish(
-                row, b * LANES, _lane_sums1(P, I, v, base + b * stride, stride, B, v_next_off), R, r, D, d, use_disc, n
-            )
-        best = _greedy(row, blocks * LANES, n, tie)
-        actions[v_off + s] = best
-        v[v_off + s] = row[best]
-        if write_q:
-            for a in range(n):
-                q[(v_off + s) * n + a] = row[a]
+        r, d = np.uint64(r_off + s * m), np.uint64(d_off + s * m)  # R, D: (S, m) lanes
+        lo = 0
+        while lo + 2 * LANES <= m:
+            if use_disc:
+                _lane_q2d(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, n, row, lo)
+            else:
+                _lane_q2(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, n, row, lo)
+            lo += 2 * LANES
+        if lo < m:
+            if use_disc:
+                _lane_q1d(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, n, row, lo)
+            else:
+                _lane_q1(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, n, row, lo)
+        _store(row, m, n, tie, s + v_off, q, v, actions)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
 def _last_turn(R, meta_k, n, tie, q, row, v, actions):  # pragma: no cover - compiled
     """Turn K−1: no continuation, Q̃ = r."""
     S, r_off, v_off = meta_k[S_K], meta_k[R_OFF], meta_k[V_OFF]
-    write_q = q.shape[0] != 0
+    m = row.shape[0]
     for s in range(S):
         for a in range(n):
-            row[a] = R[r_off + s * n + a]
-        best = _greedy(row, n, n, tie)
-        actions[v_off + s] = best
-        v[v_off + s] = row[best]
-        if write_q:
-            for a in range(n):
-                q[(v_off + s) * n + a] = row[a]
+            row[a] = R[np.uint64(r_off + s * m + a)]
+        _store(row, n, n, tie, s + v_off, q, v, actions)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def solve_turns(P, I, R, D, meta, n, tie, q, v, actions):  # pragma: no cover - compiled
     """Backward induction over every turn, last first, in one call.
 
-    P, I: the pooled lane layouts (float64 probabilities, int32 successors; `LaneLayout`).
+    P, I: the pooled lane layouts (float64 probabilities, uint16 or uint32 successors; `LaneLayout`).
     R, D: the pooled rewards and γ^τ, each turn's (S_k, A) block flat.  meta: (K, 7) int64, per turn
     S_k, B_k, and the offsets of its layout in P/I, its rewards in R, its γ^τ in D (−1: γ = 1) and its
     states in v/actions; and whether to prefetch its layout.  n: A.
@@ -235,22 +255,32 @@ def solve_turns(P, I, R, D, meta, n, tie, q, v, actions):  # pragma: no cover - 
     row = np.empty(blocks * LANES)
     _last_turn(R, meta[K - 1], n, tie, q, row, v, actions)
     for k in range(K - 2, -1, -1):
-        nxt = meta[k + 1, V_OFF]
-        if blocks == 2:
-            _turn(P, I, R, D, meta[k], nxt, n, tie, q, row, v, actions, 2)
+        nxt, B = meta[k + 1, V_OFF], meta[k, WIDTH]
+        if blocks == 2 and B == 8:
+            _turn(P, I, R, D, meta[k], nxt, n, tie, q, row, v, actions, 2, 8)
+        elif blocks == 2:
+            _turn(P, I, R, D, meta[k], nxt, n, tie, q, row, v, actions, 2, B)
         elif blocks == 1:
-            _turn(P, I, R, D, meta[k], nxt, n, tie, q, row, v, actions, 1)
+            _turn(P, I, R, D, meta[k], nxt, n, tie, q, row, v, actions, 1, B)
         else:
-            _turn(P, I, R, D, meta[k], nxt, n, tie, q, row, v, actions, blocks)
+            _turn(P, I, R, D, meta[k], nxt, n, tie, q, row, v, actions, blocks, B)
 
 
-def _lanes(prob: np.ndarray, succ: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def successor_dtype(mdp) -> np.dtype:
+    """The narrowest unsigned type that holds every successor index: uint16 where no turn has more than
+    2¹⁶ states (10 bytes a transition entry instead of 12: the solve streams them), else uint32."""
+    if max(mdp.num_states) > 2**32:
+        raise ValueError("solve(kernel='numba'): successors are uint32, at most 2**32 states per turn")
+    return np.dtype(np.uint16 if max(mdp.num_states) <= 2**16 else np.uint32)
+
+
+def _lanes(prob: np.ndarray, succ: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
     """One turn's (S, A, B) arrays in the lane layout, flat: (S, ⌈A/4⌉, B, 4) probabilities (float64)
-    and successors (int32; dead entries and padded actions → state 0, padded probabilities 0)."""
+    and successors (`dtype`; dead entries and padded actions → state 0, padded probabilities 0)."""
     S, A, B = prob.shape
     L = -(-A // LANES)
     p = np.zeros((S, L * LANES, B))
-    i = np.zeros((S, L * LANES, B), dtype=np.int32)
+    i = np.zeros((S, L * LANES, B), dtype=dtype)
     p[:, :A] = prob
     i[:, :A] = np.where(prob > 0, succ, 0)
     p = np.ascontiguousarray(p.reshape(S, L, LANES, B).transpose(0, 1, 3, 2)).reshape(-1)
@@ -258,58 +288,67 @@ def _lanes(prob: np.ndarray, succ: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p, i
 
 
+class _Pool:
+    """Arrays laid end to end, each key stored once: `add` gives the key's offset, building its array on
+    first sight; `array` is the pooled, read-only result."""
+
+    def __init__(self, dtype) -> None:
+        self.dtype, self.parts, self.offset = dtype, [], {}
+        self.size = 0
+
+    def add(self, key, build) -> int:
+        if key not in self.offset:
+            x = build()
+            self.offset[key], self.size = self.size, self.size + x.size
+            self.parts.append(x)
+        return self.offset[key]
+
+    def array(self) -> np.ndarray:
+        out = np.concatenate(self.parts).astype(self.dtype, copy=False) if self.parts else np.empty(0, self.dtype)
+        out.flags.writeable = False
+        return out
+
+
 class LaneLayout:
-    """An MDP's arrays as `solve_turns` reads them: P, I (lane layouts), R (rewards), D (γ^τ) pooled
-    over turns, each distinct input array stored once (shared layers stay shared), and meta."""
+    """An MDP's arrays as `solve_turns` reads them, pooled over turns, each distinct input array stored
+    once (shared layers stay shared): P, I (the lane layouts of prob and succ), R (rewards) and D (γ^τ,
+    empty for γ = 1) in the (S_k, m) lanes of the layout, m = ⌈A/4⌉·4 (padding: R −inf, D 1); and meta."""
 
     def __init__(self, mdp) -> None:
         K, A = mdp.num_turns, mdp.num_actions
-        if max(mdp.num_states) >= 2**31:
-            raise ValueError("solve(kernel='numba'): int32 successors hold at most 2**31 - 1 states per turn")
+        m = -(-A // LANES) * LANES
+        idx_t = successor_dtype(mdp)
+        P, I, R, D = _Pool(np.float64), _Pool(idx_t), _Pool(np.float64), _Pool(np.float64)
+
+        def lanes_of(x: np.ndarray, fill: float) -> np.ndarray:  # (S, A) -> (S, m), flat
+            out = np.full((x.shape[0], m), fill)
+            out[:, :A] = x
+            return out.reshape(-1)
+
         meta = np.zeros((K, 7), dtype=np.int64)
         meta[:, S_K] = mdp.num_states
         meta[:, V_OFF] = mdp.state_offset[:-1]
         meta[:, D_OFF] = -1
-        ps, is_, rs, ds = [], [], [], []
-        at: dict[tuple, int] = {}
-
-        def place(key, parts, make) -> int:
-            if key not in at:
-                x = make()
-                at[key] = sum(a.size for a in parts)
-                parts.append(x)
-            return at[key]
-
-        lane_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         for k in range(K):
-            meta[k, R_OFF] = place(("r", id(mdp.reward[k])), rs, lambda: mdp.reward[k].reshape(-1))
+            reward, tau = mdp.reward[k], mdp.tau[k]  # held by mdp: their ids stay valid
+            meta[k, R_OFF] = R.add(id(reward), lambda: lanes_of(reward, -np.inf))  # noqa: B023 - called at once
             if mdp.gamma != 1.0:  # γ^τ as backup computes it: bit-identical
-                meta[k, D_OFF] = place(("d", id(mdp.tau[k])), ds, lambda: (mdp.gamma ** mdp.tau[k]).reshape(-1))
+                meta[k, D_OFF] = D.add(id(tau), lambda: lanes_of(mdp.gamma**tau, 1.0))  # noqa: B023
             if k == K - 1:
                 continue
-            key = (id(mdp.prob[k]), id(mdp.succ[k]))  # held by mdp: the ids stay valid
+            key = (id(mdp.prob[k]), id(mdp.succ[k]))
             meta[k, WIDTH] = mdp.prob[k].shape[2]
-            if key not in lane_of:
-                lane_of[key] = _lanes(mdp.prob[k], mdp.succ[k])
-                at[("p", key)] = sum(a.size for a in ps)
-                ps.append(lane_of[key][0])
-                is_.append(lane_of[key][1])
-            meta[k, P_OFF] = at[("p", key)]
-            # prefetch unless the turn reads what the later turn (run just before it) has just read and
-            # that fits in cache
-            nbytes = lane_of[key][0].nbytes + lane_of[key][1].nbytes
+            if key not in P.offset:
+                p, i = _lanes(mdp.prob[k], mdp.succ[k], idx_t)
+                I.add(key, lambda: i)  # noqa: B023
+                P.add(key, lambda: p)  # noqa: B023
+            meta[k, P_OFF] = P.offset[key]
+            # prefetch, unless the turn reads the layout that the turn after it (run just before) has just
+            # read and that fits in cache
+            nbytes = mdp.prob[k].size // A * m * (8 + idx_t.itemsize)
             same = k + 1 < K - 1 and (id(mdp.prob[k + 1]), id(mdp.succ[k + 1])) == key
             meta[k, PREFETCH] = 0 if same and nbytes <= PREFETCH_RESIDENT_BYTES else 1
-        if sum(a.size for a in ps) >= 2**63 - 1:  # pragma: no cover - a bound of int64 offsets
-            raise ValueError("solve(kernel='numba'): the MDP is too large for int64 offsets")
-
-        def pool(parts, dtype):
-            out = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
-            out.flags.writeable = False
-            return out
-
-        self.P, self.I = pool(ps, np.float64), pool(is_, np.int32)
-        self.R, self.D = pool(rs, np.float64), pool(ds, np.float64)
+        self.P, self.I, self.R, self.D = P.array(), I.array(), R.array(), D.array()
         meta.flags.writeable = False
         self.meta = meta
 
