@@ -13,22 +13,27 @@ same MDP (V_0 checked equal to FiniteHorizon's for both):
 - "distinct": K separate copies of the layer, as a non-stationary MDP holds them; at 10⁵ states they do
   not fit in cache, so this is the row whose useful bytes are set against memory bandwidth.
 
-Timings are minimums over `repeats` interleaved rounds (the order reversed every other round), each
-round also timing a streaming copy of a 256 MB array (bytes read + written per second) and the K−1
-scipy CSR matvecs alone (`matvec_s`: the kernel FiniteHorizon and rtpo's numpy path spend their inner
-loop in, so mdptoolbox / matvec_s bounds any speed-up a solver built on it can reach; the numba kernel
-fuses its own loop and is not bound by it), so every ratio comes from
-the same minutes of the same machine; the JSON records the load average before and after.
+Every job is timed twice in each of `repeats` rounds (the order of the jobs reversed every other
+round): cold, right after a streaming copy of a 256 MB array has pushed every cache out (the copy's
+bytes read + written per second are the bandwidth yardstick), then warm, at once again, with the caches
+holding what the cold call left — the steady state of solving the same MDP over and over.  Each figure
+is the minimum over the rounds, so every ratio comes from the same minutes of the same machine; the
+JSON records the load average before and after.  The jobs: FiniteHorizon.run(); `solve(mdp)` (kernel
+"auto": numba where installed, both sizes being past AUTO_NUMBA_ENTRIES; the row's `kernel` says which
+ran); `solve(mdp, kernel="numpy")`, the scipy path; and the K−1 scipy CSR matvecs alone (`matvec_s`:
+the kernel FiniteHorizon and rtpo's numpy path spend their inner loop in, so mdptoolbox / matvec_s
+bounds any speed-up a solver built on it can reach; the numba kernel runs its own loop and is not bound
+by it).  All on one thread.  numba's own costs are measured apart, each in a fresh process: its import,
+the first call compiling the kernel into an empty cache, and the first call loading it from that cache
+(what every later process pays).
 
-rtpo is timed as `solve(mdp)` (kernel "auto": numba where installed, both sizes being past
-AUTO_NUMBA_ENTRIES; the row's `kernel` says which ran) and as `solve(mdp, kernel="numpy")`, the scipy
-path, in the same rounds.  Both run on one thread.  numba's own costs are measured apart, each in a fresh
-process: its import, the first call compiling the kernel into an empty cache, and the first call loading
-it from that cache (what every later process pays).
-
-useful bytes of one rtpo solve: per turn k < K−1 the CSR entries (8-byte probability + index) and per
-turn the (S, A) reward read, the (S, A) Q̃ written and the (S,) V written — what any backward induction
-over these arrays must move at least once.
+useful bytes of a solve: the problem in its standard sparse form, read once per turn — per transition
+entry of turns k < K−1 a float64 probability and an int32 successor (12 bytes, as scipy's CSR holds
+them), per (s, a) the float64 reward — and per state the value V (8 bytes) and the greedy action (4)
+written: what any backward induction over these arrays must move.  rtpo's numba kernel moves 10 bytes an
+entry here (uint16 successors; `moved_bytes`) and writes no Q̃ (built on first access to `Solution.q`);
+FiniteHorizon also writes its V and policy per stage.  `fraction_of_stream_bandwidth` sets the useful
+bytes per second of the cold solve against the copy's.
 """
 
 from __future__ import annotations
@@ -71,10 +76,25 @@ def useful_bytes(mdp: TurnMDP) -> int:
     total = 0
     for k in range(mdp.num_turns):
         S = mdp.num_states[k]
-        total += S * A * 8 * 2 + S * 8  # reward read, Q̃ written, V written
+        total += S * A * 8 + S * (8 + 4)  # reward read; V and the action written
         if k < mdp.num_turns - 1:
-            m = mdp.transition_csr[k]
-            total += m.data.nbytes + m.indices.nbytes + m.indptr.nbytes
+            total += mdp.prob[k].size * (8 + 4)  # float64 probability + int32 successor
+    return total
+
+
+def moved_bytes(mdp: TurnMDP) -> int:
+    """What the numba kernel reads and writes: its lane layout (padding included) once per turn, the
+    rewards in their lanes, V and the action."""
+    from rtpo.tabular._solve_numba import LANES, successor_dtype
+
+    m = -(-A // LANES) * LANES
+    entry = 8 + successor_dtype(mdp).itemsize
+    total = 0
+    for k in range(mdp.num_turns):
+        S = mdp.num_states[k]
+        total += S * m * 8 + S * (8 + 4)
+        if k < mdp.num_turns - 1:
+            total += S * m * mdp.prob[k].shape[2] * entry
     return total
 
 
@@ -159,7 +179,7 @@ def main() -> None:
         jobs = {"mdptoolbox": fh.run, "copy": lambda: np.copyto(dst, src)}
         kernel = {}
         for layout, mdp in mdps.items():
-            sol = solve(mdp)  # builds the cached CSR (and loads the kernel)
+            sol = solve(mdp)  # builds the cached CSR or lane layout (and loads the kernel)
             ref = solve(mdp, kernel="numpy")
             assert np.allclose(sol.v[0], fh.V[:, 0], rtol=0, atol=1e-9), f"rtpo ({layout}) and mdptoolbox disagree"
             assert np.array_equal(sol.policy, ref.policy) and all(np.array_equal(a, b) for a, b in zip(sol.q, ref.q))
@@ -167,16 +187,24 @@ def main() -> None:
             jobs[f"rtpo/{layout}"] = lambda m=mdp: solve(m)
             jobs[f"rtpo-numpy/{layout}"] = lambda m=mdp: solve(m, kernel="numpy")
             jobs[f"matvec/{layout}"] = lambda m=mdp, x=x: [c @ x for c in m.transition_csr]
-        best = dict.fromkeys(jobs, float("inf"))
+        flush = jobs.pop("copy")
+        cold, warm = dict.fromkeys(jobs, float("inf")), dict.fromkeys(jobs, float("inf"))
+        best_copy = float("inf")
         for r in range(args.repeats):
             for name in list(jobs) if r % 2 == 0 else list(jobs)[::-1]:
                 t0 = time.perf_counter()
+                flush()
+                t1 = time.perf_counter()
                 jobs[name]()
-                best[name] = min(best[name], time.perf_counter() - t0)
-        stream = 2 * src.nbytes / best["copy"]
+                t2 = time.perf_counter()
+                jobs[name]()
+                t3 = time.perf_counter()
+                best_copy = min(best_copy, t1 - t0)
+                cold[name], warm[name] = min(cold[name], t2 - t1), min(warm[name], t3 - t2)
+        stream = 2 * src.nbytes / best_copy
         for layout, mdp in mdps.items():
             ub = useful_bytes(mdp)
-            t_rtpo = best[f"rtpo/{layout}"]
+            name, numpy_name = f"rtpo/{layout}", f"rtpo-numpy/{layout}"
             rows.append(
                 {
                     "key": f"{total_states}/{layout}",
@@ -187,18 +215,21 @@ def main() -> None:
                     "num_actions": A,
                     "successors": B,
                     "kernel": kernel[layout],
-                    "rtpo_solve_s": t_rtpo,
-                    "mdptoolbox_finite_horizon_s": best["mdptoolbox"],
-                    "speedup_vs_mdptoolbox": best["mdptoolbox"] / t_rtpo,
-                    "rtpo_numpy_kernel_s": best[f"rtpo-numpy/{layout}"],
-                    "numpy_kernel_speedup_vs_mdptoolbox": best["mdptoolbox"] / best[f"rtpo-numpy/{layout}"],
-                    "matvec_s": best[f"matvec/{layout}"],
-                    "speedup_ceiling_vs_mdptoolbox": best["mdptoolbox"] / best[f"matvec/{layout}"],
-                    "matvec_share_of_solve": best[f"matvec/{layout}"] / t_rtpo,
+                    "rtpo_solve_s": warm[name],
+                    "mdptoolbox_finite_horizon_s": warm["mdptoolbox"],
+                    "speedup_vs_mdptoolbox": warm["mdptoolbox"] / warm[name],
+                    "rtpo_solve_cold_s": cold[name],
+                    "mdptoolbox_finite_horizon_cold_s": cold["mdptoolbox"],
+                    "speedup_vs_mdptoolbox_cold": cold["mdptoolbox"] / cold[name],
+                    "rtpo_numpy_kernel_s": warm[numpy_name],
+                    "numpy_kernel_speedup_vs_mdptoolbox": warm["mdptoolbox"] / warm[numpy_name],
+                    "matvec_s": warm[f"matvec/{layout}"],
+                    "speedup_ceiling_vs_mdptoolbox": warm["mdptoolbox"] / warm[f"matvec/{layout}"],
                     "useful_bytes": ub,
-                    "useful_bytes_per_s": ub / t_rtpo,
+                    "moved_bytes": moved_bytes(mdp) if kernel[layout] == "numba" else None,
+                    "useful_bytes_per_s": ub / cold[name],
                     "stream_copy_bytes_per_s": stream,
-                    "fraction_of_stream_bandwidth": ub / t_rtpo / stream,
+                    "fraction_of_stream_bandwidth": ub / cold[name] / stream,
                 }
             )
             print(json.dumps(rows[-1]))
