@@ -73,14 +73,15 @@ def test_solve_equals_the_plain_greedy_rule_bit_for_bit(kernel, seed, K, S, A, d
     st.integers(0, 10_000),
     st.integers(1, 4),
     st.integers(1, 12),
-    st.sampled_from([1, 3, 8]),
+    st.sampled_from([1, 3, 5, 8, 9]),
     st.sampled_from([1, 2, 8]),
     st.sampled_from([1.0, 0.9]),
     st.sampled_from([None, 0, 1]),
     st.integers(0, 6),
 )
 def test_numba_kernel_equals_the_numpy_kernel_bit_for_bit(seed, K, S, A, B, gamma, decimals, edits):
-    # every loop of the kernel: A = B = 8 with γ = 1 (its unrolled one), γ < 1, other shapes; exact ties
+    # every loop of the kernel (one lane block: A ≤ 4; two: A ≤ 8, unrolled for B = 8; more: A = 9), γ = 1
+    # and γ < 1, padded lanes (A not a multiple of 4); exact ties
     # (rounded rewards or copied actions), near-ties and NaN rewards (which reach earlier turns through V)
     mdp = random_mdp(seed, K, S, A, branching=B, end_prob=0.2, max_tau=2, gamma=gamma)
     reward = [np.round(r, decimals) if decimals is not None else np.array(r) for r in mdp.reward]
@@ -168,3 +169,93 @@ def test_turns_given_one_array_share_one_copy_and_one_matrix():
     assert mdp.reward[0][0, 0] == layer.reward[0][0, 0]
     with pytest.raises(ValueError):
         mdp.reward[0][0, 0] = 0.0
+
+
+needs_numba = pytest.mark.skipif(not solve_mod._numba_installed(), reason="no numba")
+
+
+def edited(mdp: TurnMDP, seed: int) -> TurnMDP:
+    """mdp with exact ties, near-ties and NaN rewards at fixed places (the hypothesis test's edits)."""
+    reward = [np.array(r) for r in mdp.reward]
+    succ, prob, tau = (list(map(np.array, x)) for x in (mdp.succ, mdp.prob, mdp.tau))
+    rng = np.random.default_rng(seed)
+    K, A = mdp.num_turns, mdp.num_actions
+    for _ in range(6):
+        k, s, a = rng.integers(K), rng.integers(mdp.num_states[0]), rng.integers(A)
+        if rng.random() < 0.25:
+            reward[k][s, a] = np.nan
+        else:
+            b = (a + 1) % A
+            succ[k][s, b], prob[k][s, b], tau[k][s, b] = succ[k][s, a], prob[k][s, a], tau[k][s, a]
+            reward[k][s, b] = reward[k][s, a] + rng.choice([-5e-13, 0.0, 5e-13])
+    return TurnMDP(tuple(succ), tuple(prob), tuple(reward), tuple(tau), mdp.psi, mdp.init, mdp.num_contexts, mdp.gamma)
+
+
+@needs_numba
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+@pytest.mark.parametrize(("A", "B"), [(8, 8), (7, 8), (6, 3), (4, 8), (2, 1), (9, 8), (13, 2)])
+def test_every_kernel_loop_equals_the_numpy_kernel(A, B, gamma):
+    # each (A, B) reaches one of solve_turns' loops — two blocks with B = 8 unrolled, two blocks, one
+    # block, three or four blocks (the general loop) — full or with padded lanes; not left to sampling
+    mdp = edited(random_mdp(A * 10 + B, 4, 9, A, branching=B, end_prob=0.2, max_tau=3, gamma=gamma), A + B)
+    assert_same_solution(solve(mdp, kernel="numba"), solve(mdp, kernel="numpy"))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_padded_lanes_never_win_nor_poison_a_row(kernel):
+    # A = 3: the kernel's fourth lane is padding.  Turn 0's rows all lead to state 1 of turn 1, but their
+    # padded lane reads successor 0, whose V is NaN: the padding must neither be the maximum of a row of
+    # negative values nor carry the NaN into it; an all −inf row takes action 0, as _argmax does
+    P = np.zeros((2, 2, 3, 2))
+    P[0, :, :, 1] = 1.0
+    r = np.array([[[-3.0, -1.0, -2.0], [-np.inf, -np.inf, -np.inf]], [[np.nan] * 3, [-5.0, -4.0, -6.0]]])
+    mdp = TurnMDP.from_arrays(P, r, np.array([0.5, 0.5]))
+    sol = solve(mdp, kernel=kernel)
+    assert sol.actions.tolist() == [[1, 0], [2, 1]]  # row NaN -> A−1; the others their maximum
+    assert sol.v[0].tolist() == [-5.0, -np.inf]
+    assert np.isnan(sol.v[1][0]) and sol.v[1][1] == -4.0
+
+
+@needs_numba
+def test_numba_solution_builds_q_policy_and_psi_on_first_access():
+    mdp = random_mdp(5, 4, 30, 6, branching=3, gamma=0.9, max_tau=2, end_prob=0.1)
+    fast, ref = solve(mdp, kernel="numba"), solve(mdp, kernel="numpy")
+    assert isinstance(fast, solve_mod.Solution) and fast.kernel == "numba"
+    assert not {"_q", "_policy", "_psi"} & set(vars(fast))  # nothing built yet
+    assert fast.value == ref.value and all(np.array_equal(a, b) for a, b in zip(fast.f, ref.f))
+    assert np.array_equal(fast.actions, ref.actions) and fast.actions.dtype == np.int64
+    assert fast.q is fast.q and fast.policy is fast.policy  # built once, then kept
+    assert_same_solution(fast, ref)
+    assert all(np.array_equal(a, b) for a, b in zip(fast.psi, ref.psi))
+    assert np.array_equal(ref.actions, ref.policy.argmax(axis=2))
+
+
+@needs_numba
+def test_the_lane_layout_keeps_a_shared_layer_once():
+    from rtpo.tabular import _solve_numba as kernel
+
+    layer = random_mdp(3, num_turns=2, num_states=11, num_actions=5, branching=3, max_tau=2)
+    shared, distinct = stationary(layer, 5, True), stationary(layer, 5, False)
+    one = 11 * 8 * 3  # S · (A padded to 8 lanes) · B entries
+    assert kernel.lane_layout(shared).P.size == one and kernel.lane_layout(distinct).P.size == 4 * one
+    assert kernel.lane_layout(shared) is kernel.lane_layout(shared)  # built once per MDP
+    assert kernel.lane_layout(shared).I.dtype == np.uint16
+    assert_same_solution(solve(shared, kernel="numba"), solve(distinct, kernel="numba"))
+    # one reward array for every turn but a τ per turn: the pooled rewards and γ^τ sit at different
+    # offsets, and each turn must read its own
+    rng = np.random.default_rng(0)
+    taus = tuple(rng.integers(1, 4, size=shared.tau[0].shape) for _ in range(5))
+    mixed = TurnMDP(shared.succ, shared.prob, shared.reward, taus, shared.psi, shared.init, 11, 0.9)
+    meta = kernel.lane_layout(mixed).meta
+    assert len(set(meta[:, kernel.R_OFF])) == 1 and len(set(meta[:, kernel.D_OFF])) == 5
+    assert_same_solution(solve(mixed, kernel="numba"), solve(mixed, kernel="numpy"))
+
+
+@needs_numba
+@pytest.mark.slow  # compiles the kernel's uint32 variant (seconds, once per cache)
+def test_more_than_65536_states_a_turn_take_uint32_successors():
+    from rtpo.tabular import _solve_numba as kernel
+
+    mdp = edited(random_mdp(2, 3, 70_000, 3, branching=2, gamma=0.9, end_prob=0.1), 2)
+    assert kernel.lane_layout(mdp).I.dtype == np.uint32
+    assert_same_solution(solve(mdp, kernel="numba"), solve(mdp, kernel="numpy"))

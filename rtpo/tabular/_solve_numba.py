@@ -317,7 +317,8 @@ class _Pool:
 class LaneLayout:
     """An MDP's arrays as `solve_turns` reads them, pooled over turns, each distinct input array stored
     once (shared layers stay shared): P, I (the lane layouts of prob and succ), R (rewards) and D (γ^τ,
-    empty for γ = 1) in the (S_k, m) lanes of the layout, m = ⌈A/4⌉·4 (padding: R −inf, D 1); and meta."""
+    empty for γ = 1) in the (S_k, m) lanes of the layout, m = ⌈A/4⌉·4 (the padded lanes, R −inf and
+    D 1, are read but never used: the kernel masks them to −inf); and meta."""
 
     def __init__(self, mdp) -> None:
         K, A = mdp.num_turns, mdp.num_actions
