@@ -64,14 +64,15 @@ def _prefetch(typingctx, arr, idx):
     return sig, codegen
 
 
-def _lane_q_intrinsic(blocks: int, disc: bool):
-    """An intrinsic (P, I, v, base, stride, width, v_off, R, r, D, d, n, row, lo) that writes Q̃ of the
+def _lane_q_intrinsic(blocks: int):
+    """An intrinsic (P, I, v, base, stride, width, v_off, R, r, D, d, disc, n, row, lo) that writes Q̃ of the
     `blocks`·LANES actions lo.. of one state into row[lo:] (Eq. 20): for block b and lane i, with
     e = base + b·stride + LANES·j + i,
 
         row[lo + LANES·b + i] = (Σ_{j<width} P[e] · v[v_off + I[e]]) [× D[d + lo + LANES·b + i]] + R[r + lo + LANES·b + i]
 
-    the sum left to right from 0.0, the product by γ^τ only where `disc`; −inf for actions ≥ n (padding).
+    the sum left to right from 0.0, the product by γ^τ only where `disc` (a branch: D is empty for γ = 1);
+    −inf for actions ≥ n (padding).
 
     Written in LLVM IR because numba's loop leaves the lanes scalar: per successor j and block, one
     <4 x double> load of the probabilities, one integer load of the four successors (64 bits of uint16,
@@ -82,12 +83,12 @@ def _lane_q_intrinsic(blocks: int, disc: bool):
     """
 
     @intrinsic
-    def lane_q(typingctx, P, I, v, base, stride, width, v_off, R, r, D, d, n, row, lo):
-        sig = types.void(P, I, v, base, stride, width, v_off, R, r, D, d, n, row, lo)
+    def lane_q(typingctx, P, I, v, base, stride, width, v_off, R, r, D, d, disc, n, row, lo):
+        sig = types.void(P, I, v, base, stride, width, v_off, R, r, D, d, disc, n, row, lo)
 
         def codegen(context, builder, signature, args):
             Pa, Ia, va, Ra, Da, rowa = (
-                context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 2, 7, 9, 12)
+                context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 2, 7, 9, 13)
             )
             i32, i64, f64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
             vec = ir.VectorType(f64, LANES)
@@ -96,7 +97,7 @@ def _lane_q_intrinsic(blocks: int, disc: bool):
             def as64(x):
                 return builder.sext(x, i64) if x.type != i64 else x
 
-            base_, stride_, width_, voff, r_, d_, n_, lo_ = (as64(args[i]) for i in (3, 4, 5, 6, 8, 10, 11, 13))
+            base_, stride_, width_, voff, r_, d_, n_, lo_ = (as64(args[i]) for i in (3, 4, 5, 6, 8, 10, 12, 14))
             zero = ir.Constant(vec, [0.0] * LANES)
             pre = builder.block
             loop = builder.append_basic_block("lanes.loop")
@@ -144,11 +145,22 @@ def _lane_q_intrinsic(blocks: int, disc: bool):
                 ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), lo_, ir.Constant(i32, 0)
             )
             lo_vec = builder.shuffle_vector(lo_vec, lo_vec, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
-            for b, x in enumerate(sums):
-                at = builder.add(lo_, ir.Constant(i64, LANES * b))
-                if disc:
-                    dp = builder.gep(Da.data, [builder.add(d_, at)])
-                    x = builder.fmul(x, builder.load(builder.bitcast(dp, vecp), align=8))
+            ats = [builder.add(lo_, ir.Constant(i64, LANES * b)) for b in range(blocks)]
+            flag = builder.icmp_unsigned("!=", builder.zext(args[11], i64), ir.Constant(i64, 0))
+            plain = builder.block
+            with builder.if_then(flag):
+                scaled = [
+                    builder.fmul(
+                        x, builder.load(builder.bitcast(builder.gep(Da.data, [builder.add(d_, at)]), vecp), align=8)
+                    )
+                    for x, at in zip(sums, ats)
+                ]
+                then = builder.block
+            merged = [builder.phi(vec) for _ in sums]  # the phis first in the merge block
+            for phi, x, y in zip(merged, sums, scaled):
+                phi.add_incoming(y, then)
+                phi.add_incoming(x, plain)
+            for b, (x, at) in enumerate(zip(merged, ats)):
                 rp = builder.gep(Ra.data, [builder.add(r_, at)])
                 x = builder.fadd(x, builder.load(builder.bitcast(rp, vecp), align=8))
                 lane_ids = builder.add(
@@ -163,8 +175,7 @@ def _lane_q_intrinsic(blocks: int, disc: bool):
     return lane_q
 
 
-_lane_q1, _lane_q2 = _lane_q_intrinsic(1, False), _lane_q_intrinsic(2, False)
-_lane_q1d, _lane_q2d = _lane_q_intrinsic(1, True), _lane_q_intrinsic(2, True)
+_lane_q1, _lane_q2 = _lane_q_intrinsic(1), _lane_q_intrinsic(2)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
@@ -219,16 +230,10 @@ def _turn(P, I, R, D, meta_k, v_next_off, n, tie, q, row, v, actions, blocks, B)
         r, d = np.uint64(r_off + s * m), np.uint64(d_off + s * m)  # R, D: (S, m) lanes
         lo = 0
         while lo + 2 * LANES <= m:
-            if use_disc:
-                _lane_q2d(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, n, row, lo)
-            else:
-                _lane_q2(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, n, row, lo)
+            _lane_q2(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, use_disc, n, row, lo)
             lo += 2 * LANES
         if lo < m:
-            if use_disc:
-                _lane_q1d(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, n, row, lo)
-            else:
-                _lane_q1(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, n, row, lo)
+            _lane_q1(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, use_disc, n, row, lo)
         _store(row, m, n, tie, s + v_off, q, v, actions)
 
 

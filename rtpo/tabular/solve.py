@@ -8,8 +8,10 @@
 Policies here are dense (K, C, A) arrays of probabilities over contexts c = ψ_k(s).
 
 solve's inner step runs on one of two kernels with bit-identical results: "numpy" (a scipy CSR matvec,
-then the greedy step over the (S, A) block) or "numba" (rtpo.tabular._solve_numba: both fused in one
-compiled pass per turn; the optional `fast` extra).  kernel="auto" (the default) takes numba where it
+then the greedy step over the (S, A) block) or "numba" (rtpo.tabular._solve_numba: every turn's backup
+and greedy step in one compiled call, over a copy of the transitions laid out four actions to a vector;
+the optional `fast` extra).  The numba kernel writes V and the greedy actions; its Solution builds Q̃,
+the one-hot policy and ψ on first access.  kernel="auto" (the default) takes numba where it
 is installed, ψ is the identity (psi=None) and the MDP has at least AUTO_NUMBA_ENTRIES transition
 entries, where the fused pass pays for numba's import and cached first call (bench/solve.json, numba_jit), and numpy otherwise;
 kernel="numba" refuses in one line without numba or with a psi (the pooled ψ path is numpy's).
