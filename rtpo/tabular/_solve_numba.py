@@ -227,7 +227,7 @@ def _turn(P, I, R, D, meta_k, v_next_off, n, tie, q, row, v, actions, blocks, B)
                 _prefetch(P, j)
             for j in range(ahead, stop, 64 // I.itemsize):  # ... and 32 uint16 or 16 uint32 successors
                 _prefetch(I, j)
-        r, d = np.uint64(r_off + s * m), np.uint64(d_off + s * m)  # R, D: (S, m) lanes
+        r, d = np.uint64(r_off + s * m), np.uint64(d_off + s * m)  # R, D: (S, m) lanes (d unread if γ = 1)
         lo = 0
         while lo + 2 * LANES <= m:
             _lane_q2(P, I, v, base + lo * B, stride, B, v_next_off, R, r, D, d, use_disc, n, row, lo)
@@ -253,7 +253,7 @@ def solve_turns(P, I, R, D, meta, n, tie, q, v, actions):  # pragma: no cover - 
     """Backward induction over every turn, last first, in one call.
 
     P, I: the pooled lane layouts (float64 probabilities, uint16 or uint32 successors; `LaneLayout`).
-    R, D: the pooled rewards and γ^τ, each turn's (S_k, A) block flat.  meta: (K, 7) int64, per turn
+    R, D: the pooled rewards and γ^τ, each turn's (S_k, m) lanes flat, m = ⌈A/4⌉·4.  meta: (K, 7) int64, per turn
     S_k, B_k, and the offsets of its layout in P/I, its rewards in R, its γ^τ in D (−1: γ = 1) and its
     states in v/actions; and whether to prefetch its layout.  n: A.
     Writes v (Σ_k S_k) = V_k, actions (Σ_k S_k) int32 = the greedy action of every state and, if q is

@@ -68,6 +68,8 @@ class Solution(Evaluation):
 
     policy: (K, C, A) one-hot over contexts (C = max S_k under identity ψ); ties go to the lowest action.
     psi:    the context map the policy is defined on.
+    actions (a property): (K, C) the action the policy takes in each context.
+    From the numba kernel q, policy and psi are built on first access (`_CompiledSolution`).
     """
 
     policy: np.ndarray = None  # type: ignore[assignment]
