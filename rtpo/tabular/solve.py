@@ -245,7 +245,7 @@ def _run_numba(mdp: TurnMDP, with_q: bool):
     layout = kernel.lane_layout(mdp)
     off, A = mdp.state_offset, mdp.num_actions
     n = int(off[-1])
-    # one block for every turn's V (each turn a view; at 10⁵ states numpy backs ≥ 4 MB with huge pages)
+    # one array for every turn's V and one for the actions (each turn a view): the kernel's flat indices
     v_all = np.empty(n)
     actions = np.empty(n, dtype=np.int32)
     q_all = np.empty(n * A if with_q else 0)
