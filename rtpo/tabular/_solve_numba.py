@@ -284,31 +284,31 @@ def successor_dtype(mdp) -> np.dtype:
     return np.dtype(np.uint16 if max(mdp.num_states) <= 2**16 else np.uint32)
 
 
-def _lanes(prob: np.ndarray, succ: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """One turn's (S, A, B) arrays in the lane layout, flat: (S, ⌈A/4⌉, B, 4) probabilities (float64)
-    and successors (`dtype`; dead entries and padded actions → state 0, padded probabilities 0)."""
-    S, A, B = prob.shape
+def _lanes(x: np.ndarray, dtype) -> np.ndarray:
+    """One turn's (S, A, B) array in the lane layout, flat: (S, ⌈A/4⌉, B, 4) of `dtype`, padded actions 0."""
+    S, A, B = x.shape
     L = -(-A // LANES)
-    p = np.zeros((S, L * LANES, B))
-    i = np.zeros((S, L * LANES, B), dtype=dtype)
-    p[:, :A] = prob
-    i[:, :A] = np.where(prob > 0, succ, 0)
-    p = np.ascontiguousarray(p.reshape(S, L, LANES, B).transpose(0, 1, 3, 2)).reshape(-1)
-    i = np.ascontiguousarray(i.reshape(S, L, LANES, B).transpose(0, 1, 3, 2)).reshape(-1)
-    return p, i
+    out = np.zeros((S, L * LANES, B), dtype=dtype)
+    out[:, :A] = x
+    return np.ascontiguousarray(out.reshape(S, L, LANES, B).transpose(0, 1, 3, 2)).reshape(-1)
+
+
+def _successor_lanes(prob: np.ndarray, succ: np.ndarray, dtype) -> np.ndarray:
+    """succ in the lane layout, dead entries (probability 0) and padded actions → state 0."""
+    return _lanes(np.where(prob > 0, succ, 0), dtype)
 
 
 class _Pool:
-    """Arrays laid end to end, each key stored once: `add` gives the key's offset, building its array on
-    first sight; `array` is the pooled, read-only result."""
+    """Arrays laid end to end, each key stored once: `add(key, build, *args)` gives the key's offset,
+    building its array as build(*args) on first sight; `array` is the pooled, read-only result."""
 
     def __init__(self, dtype) -> None:
         self.dtype, self.parts, self.offset = dtype, [], {}
         self.size = 0
 
-    def add(self, key, build) -> int:
+    def add(self, key, build, *args) -> int:
         if key not in self.offset:
-            x = build()
+            x = build(*args)
             self.offset[key], self.size = self.size, self.size + x.size
             self.parts.append(x)
         return self.offset[key]
@@ -342,18 +342,17 @@ class LaneLayout:
         meta[:, D_OFF] = -1
         for k in range(K):
             reward, tau = mdp.reward[k], mdp.tau[k]  # held by mdp: their ids stay valid
-            meta[k, R_OFF] = R.add(id(reward), lambda: lanes_of(reward, -np.inf))  # noqa: B023 - called at once
+            meta[k, R_OFF] = R.add(id(reward), lanes_of, reward, -np.inf)
             if mdp.gamma != 1.0:  # γ^τ as backup computes it: bit-identical
-                meta[k, D_OFF] = D.add(id(tau), lambda: lanes_of(mdp.gamma**tau, 1.0))  # noqa: B023
+                meta[k, D_OFF] = D.add(id(tau), lambda t: lanes_of(mdp.gamma**t, 1.0), tau)
             if k == K - 1:
                 continue
-            key = (id(mdp.prob[k]), id(mdp.succ[k]))
-            meta[k, WIDTH] = mdp.prob[k].shape[2]
-            if key not in P.offset:
-                p, i = _lanes(mdp.prob[k], mdp.succ[k], idx_t)
-                I.add(key, lambda: i)  # noqa: B023
-                P.add(key, lambda: p)  # noqa: B023
-            meta[k, P_OFF] = P.offset[key]
+            prob, succ = mdp.prob[k], mdp.succ[k]
+            key = (id(prob), id(succ))
+            meta[k, WIDTH] = prob.shape[2]
+            meta[k, P_OFF] = P.add(key, _lanes, prob, np.float64)
+            i_off = I.add(key, _successor_lanes, prob, succ, idx_t)
+            assert i_off == meta[k, P_OFF]  # the same entries in the same order: one offset serves both
             # prefetch, unless the turn reads the layout that the turn after it (run just before) has just
             # read and that fits in cache
             nbytes = mdp.prob[k].size // A * m * (8 + idx_t.itemsize)
