@@ -97,7 +97,15 @@ def _lane_q_intrinsic(blocks: int):
             def as64(x):
                 return builder.sext(x, i64) if x.type != i64 else x
 
+            def splat(x):  # an i64 in every lane
+                one = builder.insert_element(
+                    ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), x, ir.Constant(i32, 0)
+                )
+                return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+
             base_, stride_, width_, voff, r_, d_, n_, lo_ = (as64(args[i]) for i in (3, 4, 5, 6, 8, 10, 12, 14))
+            it = Ia.data.type.pointee  # the successor type; four of them are loaded as one integer
+            wide = ir.IntType(it.width * LANES)
             zero = ir.Constant(vec, [0.0] * LANES)
             pre = builder.block
             loop = builder.append_basic_block("lanes.loop")
@@ -117,8 +125,6 @@ def _lane_q_intrinsic(blocks: int):
                 )
                 prob = builder.load(builder.bitcast(builder.gep(Pa.data, [e]), vecp), align=8)
                 g = zero
-                it = Ia.data.type.pointee
-                wide = ir.IntType(it.width * LANES)
                 word = builder.load(builder.bitcast(builder.gep(Ia.data, [e]), wide.as_pointer()), align=2)
                 for lane in range(LANES):
                     idx = builder.trunc(builder.lshr(word, ir.Constant(wide, it.width * lane)), it)
@@ -137,14 +143,7 @@ def _lane_q_intrinsic(blocks: int):
                 r.add_incoming(zero, pre)
                 r.add_incoming(x, end)
             neg_inf = ir.Constant(vec, [float("-inf")] * LANES)
-            n_vec = builder.insert_element(
-                ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), n_, ir.Constant(i32, 0)
-            )
-            n_vec = builder.shuffle_vector(n_vec, n_vec, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
-            lo_vec = builder.insert_element(
-                ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), lo_, ir.Constant(i32, 0)
-            )
-            lo_vec = builder.shuffle_vector(lo_vec, lo_vec, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+            n_vec, lo_vec = splat(n_), splat(lo_)
             ats = [builder.add(lo_, ir.Constant(i64, LANES * b)) for b in range(blocks)]
             flag = builder.icmp_unsigned("!=", builder.zext(args[11], i64), ir.Constant(i64, 0))
             plain = builder.block
