@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from rtpo.config import load_scenario
     from rtpo.llm.build import build
     from rtpo.llm.model import TinyQwen3Spec, build_tiny_qwen3
+    from rtpo.scenario.load import load_scenario
 
     cuda = torch.cuda.is_available() and not args.dry_run
     if not cuda and not args.dry_run:

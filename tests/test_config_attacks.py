@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rtpo.config import MAX_SCENARIO_NODES, ConfigError, load_scenario, parse_scenario, parse_yaml
+from rtpo.scenario.load import MAX_SCENARIO_NODES, ConfigError, load_scenario, parse_scenario, parse_yaml
 
 NON_FINITE = [".nan", ".inf", "-.inf", ".NaN", ".Inf"]
 # a float key in every section that has one, and in the method's own Config dataclass

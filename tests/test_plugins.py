@@ -1,4 +1,4 @@
-"""Plugins (rtpo.plugins): a user's registered names work in `rtpo run`, `rtpo eval` of the run folder,
+"""Plugins (rtpo.scenario.plugins): a user's registered names work in `rtpo run`, `rtpo eval` of the run folder,
 `--resume` and `rtpo compare`, whether the plugin comes by `--plugin MODULE` (recorded in config.yaml)
 or as an installed distribution's `rtpo.plugins` entry point; a plugin that cannot load is one line, exit 2.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rtpo import plugins
-from rtpo.config import ConfigError, default_scenario_text, load_scenario, parse_scenario
+from rtpo.scenario import plugins
+from rtpo.scenario.load import ConfigError, default_scenario_text, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "rtpo-plugin-example"
