@@ -16,7 +16,7 @@ Every tracker writes locally only (nothing reaches the network):
   A `TRACKIO_SPACE_ID` or `TRACKIO_SERVER_URL` in the environment is refused (it would upload).
 - `mlflow`: an MLflow run in a local SQLite store, RUN/mlflow/mlflow.db (MLflow's recommended backend since
   3.7; artifacts under RUN/mlflow/artifacts; the `mlflow` extra: mlflow-skinny plus SQLAlchemy and alembic),
-  experiment `rtpo`, one MLflow run per run folder (tag `rtpo.rundir.runner`); `mlflow ui --backend-store-uri
+  experiment `rtpo`, one MLflow run per run folder (tag `rtpo.run`); `mlflow ui --backend-store-uri
   sqlite:///RUN/mlflow/mlflow.db` opens it.  `MLFLOW_TRACKING_URI` is ignored: it writes locally only.
   MLflow refuses some characters in metric names (`@`): `eval/pass@1` is `eval/pass_at_1` there
   (`mlflow_key`), the only renaming.
@@ -269,7 +269,7 @@ class MlflowTracker(CommittedTracker):
     """An MLflow run in RUN/mlflow/mlflow.db (SQLite), experiment `rtpo`, run name = the run folder's name;
     metrics per phase (step = global phase, names through `mlflow_key`), the resolved scenario once as
     params (flattened dotted keys; lists and dicts as JSON).  A resumed process finds its run by the tag
-    `rtpo.rundir.runner`, sets it running again and logs no params."""
+    `rtpo.run`, sets it running again and logs no params."""
 
     EXPERIMENT = "rtpo"
 
@@ -300,7 +300,7 @@ class MlflowTracker(CommittedTracker):
             )
         )
         name = _run_id(Path(run_dir))
-        found = self.client.search_runs([exp_id], filter_string=f"tags.`rtpo.rundir.runner` = '{name}'", max_results=1)
+        found = self.client.search_runs([exp_id], filter_string=f"tags.`rtpo.run` = '{name}'", max_results=1)
         self.fresh = not found
         if found:
             self.run_id = found[0].info.run_id
