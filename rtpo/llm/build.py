@@ -212,9 +212,9 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
             **extra,
         )
     else:
-        from rtpo.llm.engines.hf import HFEngine
-
         import torch
+
+        from rtpo.llm.engines.hf import HFEngine
 
         engine = HFEngine(
             model_dir,
