@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 SECTIONS = ("name", "seed", "plugins", "backend", "task", "method", "budget", "train", "eval", "logging", "resources")
 
@@ -127,6 +127,33 @@ class BudgetConfig(Section):
 class TrainConfig(Section):
     lr: float = Field(0.1, gt=0, description="learning rate of the optimiser")
     optimizer: Literal["adam", "sgd"] = Field("adam", description="optimiser: adam | sgd")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="learning rate after the warm-up, by optimiser step (rtpo.core.schedule, torch's LambdaLR; "
+        "resumed exactly): constant | linear or cosine decay to min_lr_ratio·lr over decay_steps",
+    )
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up: optimiser step s < W runs at lr·(s+1)/W (0 = none)")
+    decay_steps: int | None = Field(
+        None,
+        ge=1,
+        description="optimiser steps after the warm-up over which linear/cosine decay; the rate is held at "
+        "min_lr_ratio·lr afterwards (required by linear and cosine)",
+    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="where linear/cosine decay ends, as a fraction of lr")
+
+    @model_validator(mode="after")
+    def _decay_needs_steps(self) -> TrainConfig:
+        if self.lr_schedule != "constant" and self.decay_steps is None:
+            raise ValueError(
+                f"lr_schedule {self.lr_schedule!r} needs train.decay_steps (optimiser steps to decay over)"
+            )
+        return self
+
+    def lr_schedule_config(self):
+        """The schedule as rtpo.core.schedule.LRSchedule (what both backends' learners take)."""
+        from rtpo.core.schedule import LRSchedule
+
+        return LRSchedule(self.lr_schedule, self.warmup_steps, self.decay_steps, self.min_lr_ratio)
 
 
 class EvalConfig(Section):

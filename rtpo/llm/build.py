@@ -238,19 +238,16 @@ def _device(b: LLMBackendConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
-    """The FSDP2 learner.  A trainer rank whose process group already exists (a Ray trainer actor: the
-    group's size is resources.trainer_workers) builds its shard in that group; otherwise launch_learner
-    spawns backend.world_size − 1 local ranks around this process (the driver's learner)."""
-    import torch
-    import torch.distributed as dist
-
-    from rtpo.llm.learner import FSDPLearner, LearnerConfig, launch_learner
+def learner_config(cfg: ScenarioConfig) -> Any:
+    """The FSDP learner's LearnerConfig of a scenario: the same for the driver's learner and for every
+    Ray trainer rank (train.lr and its schedule, the backend's numerics, a KL reference when needed)."""
+    from rtpo.llm.learner import LearnerConfig
 
     b: LLMBackendConfig = cfg.backend
     kl = float(getattr(cfg.method.config, "kl_coef", 0.0) or 0.0)
-    lcfg = LearnerConfig(
+    return LearnerConfig(
         lr=cfg.train.lr,
+        lr_schedule=cfg.train.lr_schedule_config(),
         weight_decay=b.weight_decay,
         grad_clip=b.grad_clip,
         temperature=b.temperature,
@@ -260,6 +257,19 @@ def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
         mixed_precision=b.mixed_precision,
         gradient_checkpointing=b.gradient_checkpointing,
     )
+
+
+def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
+    """The FSDP2 learner.  A trainer rank whose process group already exists (a Ray trainer actor: the
+    group's size is resources.trainer_workers) builds its shard in that group; otherwise launch_learner
+    spawns backend.world_size − 1 local ranks around this process (the driver's learner)."""
+    import torch
+    import torch.distributed as dist
+
+    from rtpo.llm.learner import FSDPLearner, launch_learner
+
+    b: LLMBackendConfig = cfg.backend
+    lcfg = learner_config(cfg)
     if role == "trainer" and dist.is_initialized():
         if b.threads_per_rank:
             torch.set_num_threads(b.threads_per_rank)

@@ -328,7 +328,7 @@ class LLMEnv:
                 raw=self.chat.raw_assistant_block(gen.tokens[i]),
                 stripped=self.chat.assistant_block(parsed[i].content),
                 feedback=self.chat.tool_block(results[i]),
-                summary=self.chat.assistant_block(summaries[i]) if i in summaries else np.zeros(0, np.int64),
+                summary=self.chat.summary_block(summaries[i]) if i in summaries else np.zeros(0, np.int64),
             )
             nxt = ChatEpisode(
                 e.query_id,

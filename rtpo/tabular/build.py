@@ -136,7 +136,9 @@ def assemble(cfg: ScenarioConfig, mdp: TurnMDP, policy: TabularPolicy, env: Any)
     environment; backends that change only the environment or the policy (tabular_history) reuse it."""
     rng = np.random.default_rng(cfg.seed)
     params = policy.init_params(rng)
-    learner = TabularLearner(policy, params, lr=cfg.train.lr, optimizer=cfg.train.optimizer)
+    learner = TabularLearner(
+        policy, params, lr=cfg.train.lr, optimizer=cfg.train.optimizer, lr_schedule=cfg.train.lr_schedule_config()
+    )
     sampler = _RecordingSampler(policy, params)
     columnar = getattr(cfg.backend, "rollout_path", "columnar") == "columnar"
     ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng, columnar=columnar)

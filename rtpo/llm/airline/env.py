@@ -38,7 +38,7 @@ from rtpo.llm.airline.db import AirlineDB
 from rtpo.llm.airline.reward import AirlineScorer
 from rtpo.llm.airline.tools import TOOLS, airline_toolset, call_tool
 from rtpo.llm.airline.user import TRANSFER_MESSAGE
-from rtpo.llm.chat import IM_END, IM_START, Qwen3Chat, parse_response
+from rtpo.llm.chat import Qwen3Chat, parse_response
 from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
 
 EMPTY_USER_REPLY = "(no reply)"
@@ -289,7 +289,7 @@ class AirlineEnv:
         return replace(e, state=e.state.append(TurnBlocks(raw=raw, stripped=stripped, feedback=feedback)))
 
     def _user_block(self, text: str) -> np.ndarray:
-        return self.chat.ids(f"{IM_START}user\n{self._cut(text)}{IM_END}\n")
+        return self.chat.user_block(self._cut(text))
 
     def _cut(self, text: str) -> str:
         cap = self.max_feedback_chars
