@@ -42,6 +42,27 @@ _Loader.add_implicit_resolver(
 )
 
 
+def _construct_mapping(self: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A key given twice in one mapping is an error naming both lines (PyYAML keeps the last silently,
+    so a scenario's second `G:` would override the first unseen).  `<<` merges may still be overridden."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicated key {str(key)[:60]!r} (first at line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = line
+    return yaml.SafeLoader.construct_mapping(self, node, deep=deep)
+
+
+_Loader.construct_mapping = _construct_mapping  # type: ignore[method-assign]
+
+
 MAX_SCENARIO_NODES = 100_000  # values in a scenario after expanding YAML aliases; real ones have < 1,000
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.backends import BackendSpec, BuiltBackend, register_backend
+from rtpo.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
 from rtpo.core.methods import RunContext
 from rtpo.evaluation import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
 from rtpo.llm.model_cache import check_model_dir, tiny_random_model
@@ -344,6 +344,16 @@ def export(cfg: ScenarioConfig, weights: dict, out: Any, manifest: dict | None =
     return write_hf_folder(_model_dir(cfg), weights, out, manifest)
 
 
+# A sampled turn keeps at least its text, token ids and log-probabilities and a few Python objects: a
+# deliberately low figure, so the refusal below catches only sizes no machine holds (method.G=1e9).
+_BYTES_PER_SAMPLED_TURN = 2048
+
+
+def memory_estimate(cfg) -> list[tuple[str, int]]:
+    """A lower bound of one iteration's sampled turns, by the key driving it (rtpo.backends.rollout_memory)."""
+    return [rollout_memory(cfg, cfg.task.num_turns, _BYTES_PER_SAMPLED_TURN)]
+
+
 register_backend(
     "llm",
     BackendSpec(
@@ -352,6 +362,7 @@ register_backend(
         build=build,
         build_role=build_role,
         task_schemas=task_schemas,
+        memory=memory_estimate,
         export=export,
     ),
 )
