@@ -165,3 +165,14 @@ def test_the_report_flags_unstable_choices_and_marks_one_seed_as_unmeasurable():
     one = Selection(None, "rtpo", {"0.1": 0.5, "1.0": 0.4}, [12], "0.1", stability=1.0)
     text = "\n".join(tuning_lines(Tune("train.lr", ("0.1", "1.0"), 1), [one], [10], None))
     assert "n/a" in text and "One tuning seed" in text
+
+
+def test_the_default_tune_seed_count_is_the_one_the_stability_bench_found():
+    """DEFAULT_TUNE_SEEDS is the fewest tuning seeds whose rerun agreement reached STABLE on the shipped
+    families (bench/bench_tune_stability.py); a default changed without re-measuring fails here."""
+    from rtpo.compare.tuning import DEFAULT_TUNE_SEEDS, STABLE
+
+    bench = json.loads((Path(__file__).resolve().parents[1] / "bench" / "tune_stability.json").read_text())
+    assert bench["stable"] == STABLE
+    assert bench["smallest_tune_seeds_reaching_stable"] == DEFAULT_TUNE_SEEDS
+    assert bench["by_tune_seeds"][str(DEFAULT_TUNE_SEEDS)]["mean_agreement"] >= STABLE
