@@ -35,10 +35,9 @@ def _scenario(name: str) -> str:
 
 def run_cell_scores(family: str, method: str) -> np.ndarray:
     """(len(CANDIDATES), SEEDS) value/V* of each candidate lr on each seed."""
-    from rtpo.config import parse_scenario
-    from rtpo.run import run_in_memory
-
     from rtpo.compare.jobs import build_jobs
+    from rtpo.rundir.runner import run_in_memory
+    from rtpo.scenario.load import parse_scenario
 
     out = np.zeros((len(CANDIDATES), SEEDS))
     for i, lr in enumerate(CANDIDATES):
@@ -62,9 +61,8 @@ def agreement(scores: np.ndarray, t: int, rng: np.random.Generator) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rtpo.threads import torch_threads
-
     from rtpo.compare.tuning import STABLE
+    from rtpo.core.threads import torch_threads
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(Path(__file__).with_name("tune_stability.json")))

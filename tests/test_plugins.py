@@ -199,14 +199,13 @@ def test_plugin_that_exits_or_registers_then_raises_leaves_nothing(tmp_path, mon
     registers a method, an estimator and a backend and then raises leaves none of them registered: the
     next scenario naming them is told the name is unknown, and the real entries they replaced are back.
     Mutant: without rtpo.core.registry.rollback_failed_import the method 's27_half' stays valid."""
-    from rtpo.backends import BACKENDS
-
     from rtpo.core.estimators import ESTIMATORS
     from rtpo.core.methods import METHODS
+    from rtpo.scenario.backends import BACKENDS
 
     (tmp_path / "s27_exits.py").write_text("import sys\nsys.exit(3)\n")
     (tmp_path / "s27_half.py").write_text(
-        "from rtpo.backends import BACKENDS, BackendSpec, register_backend\n"
+        "from rtpo.scenario.backends import BACKENDS, BackendSpec, register_backend\n"
         "from rtpo.core.estimators import ESTIMATORS\n"
         "from rtpo.core.methods import METHODS, register_method\n"
         "from rtpo.core.methods.rtpo import RTPO\n"

@@ -168,7 +168,7 @@ def extra_for(module: str | None) -> str | None:
 def build_backend(cfg: ScenarioConfig) -> BuiltBackend:
     """`get_backend(cfg.backend.kind).build(cfg)`; a package of an rtpo extra that is not installed is a
     one-line ConfigError naming the extra (`pip install 'rtpo[llm]'`), not an import traceback."""
-    from rtpo.schema import ConfigError
+    from rtpo.scenario.schema import ConfigError
 
     try:
         return get_backend(cfg.backend.kind).build(cfg)

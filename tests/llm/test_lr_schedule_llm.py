@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rtpo.config import load_scenario
 from test_learner import CFG, assert_weights_close, make_batch
 
 from rtpo.core.loss import LossConfig
 from rtpo.core.schedule import LRSchedule
 from rtpo.llm.learner import FSDPLearner, LearnerConfig
+from rtpo.scenario.load import load_scenario
 
 SCHED = LRSchedule("linear", warmup_steps=2, decay_steps=3, min_lr_ratio=0.25)
 
