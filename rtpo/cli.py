@@ -34,6 +34,10 @@ def _split_scenario(args: list[str]) -> tuple[str | None, list[str]]:
     return None, args
 
 
+def _overrides_only(args: list[str]) -> bool:
+    return all("=" in a and not a.startswith("-") for a in args)
+
+
 def _parser() -> argparse.ArgumentParser:
     from rtpo import __version__
 
@@ -325,7 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "eval":
         return _dispatch("rtpo.eval", argv[1:])
     parser = _parser()
-    ns = parser.parse_args(argv)
+    # `rtpo run FILE --out D key=val`: overrides may follow the options, as `rtpo compare` accepts
+    ns, extra = parser.parse_known_args(argv)
+    if extra:
+        if ns.command not in ("run", "solve", "config") or not hasattr(ns, "args") or not _overrides_only(extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        ns.args = [*ns.args, *extra]
     if ns.command == "run":
         return _cmd_run(ns)
     if ns.command == "solve":

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from rtpo.core.loss import FlatBatch, LossConfig, policy_loss
+from rtpo.core.schedule import LRSchedule, make_lr_scheduler, restore_lr
 from rtpo.core.types import Ragged, TurnBatch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,6 +43,7 @@ class LearnerConfig:
     """Optimiser and numerics of the FSDP learner (E.3 defaults).
 
     lr, weight_decay:   AdamW (E.3: 1e-6, 0.01).
+    lr_schedule:        warm-up and decay of lr by optimiser step (rtpo.core.schedule; resumed from `steps`).
     betas, eps:         AdamW moments.
     grad_clip:          max global grad norm; None = off.
     temperature:        T of the teacher-forced log-probs; must equal the engine's sampling T (E.3: 0.9).
@@ -66,6 +68,7 @@ class LearnerConfig:
     """
 
     lr: float = 1e-6
+    lr_schedule: LRSchedule = LRSchedule()
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -96,6 +99,8 @@ class LearnerConfig:
         if self.mixed_precision is not None and self.mixed_precision not in _DTYPES:
             raise ValueError(f"mixed_precision must be one of {sorted(_DTYPES)} or None")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        if isinstance(self.lr_schedule, dict):  # a config read back from a checkpoint (asdict)
+            object.__setattr__(self, "lr_schedule", LRSchedule(**self.lr_schedule))
 
 
 # -- the work plan: which rows each rank runs, in which micro-batches ------------------------------
@@ -249,6 +254,7 @@ class FSDPLearner:
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
         )
+        self.sched = make_lr_scheduler(self.opt, cfg.lr_schedule)
         self.pad_id = int(self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0)
         self.vocab_size = int(self.model.config.vocab_size)
         self.steps = 0
@@ -457,7 +463,9 @@ class FSDPLearner:
                 share = pol_share if key == "loss/policy" else tok_share
                 sums[key] = sums.get(key, 0.0) + share * float(v)
         grad_norm = self._clip_and_norm()
+        lr = float(self.opt.param_groups[0]["lr"])  # the step's learning rate
         self.opt.step()
+        self.sched.step()
         self.steps += 1
         self._version += 1
         keys = sorted(sums) if self.rank == 0 else None
@@ -468,7 +476,7 @@ class FSDPLearner:
         out = {k: float(v) for k, v in zip(keys, vec.tolist())}
         out["train/grad_norm"] = grad_norm
         out["train/tokens"] = float(num_tokens)
-        out["train/lr"] = float(self.opt.param_groups[0]["lr"])  # the step's learning rate
+        out["train/lr"] = lr
         return out
 
     def _clip_and_norm(self) -> float:
@@ -593,6 +601,7 @@ class FSDPLearner:
             options=StateDictOptions(strict=False),  # the tied keys left out are the kept ones' storage
         )
         self.steps = int(info["steps"])
+        restore_lr(self.sched, self.steps)
         self._version += 1  # new parameters: cached weights and forward passes no longer hold
         self._weights_cache, self._fwd_cache = None, None
 
@@ -618,6 +627,7 @@ class FSDPLearner:
             set_model_state_dict(self.ref_model, ref if self.rank == 0 else {}, options=opts)
         steps = self._broadcast(state["steps"] if self.rank == 0 else None) if multi else state["steps"]
         self.steps = int(steps)
+        restore_lr(self.sched, self.steps)
         self._version += 1  # new parameters: cached weights and forward passes no longer hold
         self._weights_cache, self._fwd_cache = None, None
 
