@@ -212,13 +212,30 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
             **extra,
         )
     else:
+        import torch
+
         from rtpo.llm.engines.hf import HFEngine
 
-        engine = HFEngine(model_dir, sampling, max_model_len=b.max_model_len)
+        engine = HFEngine(
+            model_dir,
+            sampling,
+            max_model_len=b.max_model_len,
+            dtype=getattr(torch, b.engine_dtype),
+            device=_device(b),
+        )
     engines.append(engine)
     for e in pending:
         e.summarizer.engine = engine
     return _RolloutSide(make_env=make_env, env=env, num_queries=len(train_task), stop=stop, engine=engine)
+
+
+def _device(b: LLMBackendConfig) -> str:
+    """backend.device resolved: the one setting that places the learner's model and the hf engine."""
+    import torch
+
+    if b.device != "auto":
+        return b.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def learner_config(cfg: ScenarioConfig) -> Any:
@@ -259,7 +276,10 @@ def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
         return FSDPLearner(
             model_dir, lcfg, rank=dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend()
         )
-    learner = launch_learner(model_dir, lcfg, world_size=b.world_size, threads_per_rank=b.threads_per_rank)
+    backend = "gloo" if _device(b) == "cpu" else None  # None: NCCL on the GPUs
+    learner = launch_learner(
+        model_dir, lcfg, world_size=b.world_size, backend=backend, threads_per_rank=b.threads_per_rank
+    )
     if b.world_size > 1:
         atexit.register(learner.close)
     return learner
