@@ -53,6 +53,11 @@ class LLMBackendConfig(BackendConfig):
         "auto", description="where the learner and the hf engine run (auto: cuda when torch sees a GPU)"
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
+    hardware: str | None = Field(
+        None,
+        description="accelerator rtpo run checks the workers' memory against before starting (rtpo.plan: "
+        "H100-80GB, H200, A100-80GB, A100-40GB, L40S, cpu, or a YAML file); null = this machine",
+    )
 
 
 class FieldsSection(BaseModel):

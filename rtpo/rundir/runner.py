@@ -296,6 +296,10 @@ def run_scenario(
 
     # build first (load the task and its data, the model, the engines), then make or change folders:
     # a task that fails to load leaves no run folder behind, and a resumed run's config.yaml unchanged
+    if cfg.backend.kind == "llm" and resume is None:  # refuse what will not fit before anything starts
+        from rtpo.plan import check_fits
+
+        check_fits(cfg)
     with library_logs(verbose) as libs:  # vLLM/Ray/transformers lines go to RUN/logs/, not the console
         built = build_backend(cfg)
         if cfg.backend.distributed != "none":
