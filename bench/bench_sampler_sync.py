@@ -45,8 +45,8 @@ def _phase_sync(sampler, w: np.ndarray, force_full: bool):
 
 
 def main() -> None:
+    from rtpo.core.threads import torch_threads
     from rtpo.tabular import SoftmaxTable, TabularSampler
-    from rtpo.threads import torch_threads
 
     rows = []
     load = os.getloadavg()
