@@ -262,11 +262,52 @@ class Qwen3Chat:
         parts.append(self.newline)
         return np.concatenate(parts)
 
-    def assistant_block(self, content: str) -> np.ndarray:
+    def marked_text(self, response_ids: np.ndarray) -> tuple[str, tuple[tuple[int, int], ...]]:
+        """The decoded response and the (start, end) character spans of the control tokens it sampled.
+
+        Text the model spelled with ordinary pieces (`<`, `|`, `im`, ...) decodes to the same characters
+        as a control token but has no span: it stays text when the turn is re-encoded."""
+        names = {i: m for m, i in self.encoder.markers.items()}
+        parts: list[str] = []
+        spans: list[tuple[int, int]] = []
+        run: list[int] = []
+        pos = 0
+        for t in (int(i) for i in response_ids):
+            if t not in names:
+                run.append(t)
+                continue
+            if run:
+                parts.append(self.tokenizer.decode(run, skip_special_tokens=False))
+                pos += len(parts[-1])
+                run = []
+            parts.append(names[t])
+            spans.append((pos, pos + len(names[t])))
+            pos += len(names[t])
+        if run:
+            parts.append(self.tokenizer.decode(run, skip_special_tokens=False))
+        return "".join(parts), tuple(spans)
+
+    def assistant_block(self, content: str, response_ids: np.ndarray | None = None) -> np.ndarray:
         """An assistant message with no thinking, as the template renders an earlier turn without reasoning.
 
-        `content` is the model's own output (its tool-call tags are real markers)."""
-        return self.ids(f"{IM_START}assistant\n{content}{IM_END}\n")
+        `content` is the end of the model's turn.  With `response_ids` (the sampled ids, the stop token
+        removed), only the control tokens the model sampled are control tokens again; a marker it spelled
+        with ordinary pieces stays text (without: every marker in `content` counts, for a turn that
+        exists only as text)."""
+        if response_ids is None:
+            return self.ids(f"{IM_START}assistant\n{content}{IM_END}\n")
+        text, spans = self.marked_text(response_ids)
+        pieces: list[tuple[str, bool]] = [(f"{IM_START}assistant\n", True)]
+        if text.endswith(content):
+            off, pos = len(text) - len(content), 0
+            for a, b in spans:
+                if a >= off:
+                    pieces += [(content[pos : a - off], False), (content[a - off : b - off], True)]
+                    pos = b - off
+            pieces.append((content[pos:], False))
+        else:  # the content is not the decoded turn's end: keep it all as text
+            pieces.append((content, False))
+        return self.encoder.encode(pieces + [(f"{IM_END}\n", True)])
 
     def summary_block(self, summary: str) -> np.ndarray:
         """An assistant message holding a summary of a turn: untrusted text (titles, queries, results)."""

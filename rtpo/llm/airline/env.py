@@ -219,7 +219,8 @@ class AirlineEnv:
             finished = ids.size > 0 and int(ids[-1]) in self.chat.stop_ids
             p = parse_response(self.chat.decode(ids[:-1] if finished else ids), finished=finished)
             m["truncated_turns"] += int(not p.finished)
-            blocks[i] = (self.chat.raw_assistant_block(ids), self.chat.assistant_block(p.content))
+            sampled = ids[:-1] if finished else ids
+            blocks[i] = (self.chat.raw_assistant_block(ids), self.chat.assistant_block(p.content, sampled))
             if p.tool_calls or p.errors:
                 e, results, bad, transferred = self._run_calls(e, p)
                 malformed[i] = bad
