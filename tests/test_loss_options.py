@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from rtpo.config import ConfigError, load_scenario
 from rtpo.core.loss import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -27,8 +26,9 @@ from rtpo.core.loss import (
     clipped_policy_loss_grad,
     closed_form_gradient,
 )
-from rtpo.metrics import reproducible
-from rtpo.run import run_scenario
+from rtpo.core.metrics import reproducible
+from rtpo.rundir.runner import run_scenario
+from rtpo.scenario.load import ConfigError, load_scenario
 
 # one batch: sequence 0 has two tokens, sequence 1 three; θ = θ_old so every ratio is 1 and each token's
 # surrogate is w·A
@@ -156,7 +156,7 @@ def test_entropy_bonus_raises_tabular_entropy(tmp_path):
     ents = {}
     for c in (0.0, 2.0):
         cfg, res = _tabular_loss_run(tmp_path / str(c), [f"method.entropy_coef={c}", "train.lr=0.3"])
-        from rtpo.checkpoint import latest_path, read_checkpoint
+        from rtpo.rundir.checkpoint import latest_path, read_checkpoint
 
         w = read_checkpoint(latest_path(res.run_dir))["learner"]["params"]
         lp = torch.log_softmax(torch.as_tensor(w), -1)
