@@ -61,6 +61,8 @@ class LearnerConfig:
     cache_weights:      `weights` returns the same snapshot while the parameters are unchanged (no second
                         gather) and tags it with the learner's version, so an engine can skip reloading
                         weights it already holds (RTPO's first phase syncs the θ its trunks ran under).
+    attn_implementation: transformers' attention kernel: "sdpa" (torch's fused scaled-dot-product
+                        attention: flash / memory-efficient kernels on GPUs) or "eager" (the reference).
     fsdp_one_rank:      wrap the model in FSDP2 even with world size 1.  Off by default: on one rank there
                         is nothing to shard, and FSDP's all-gather and reduce-scatter only copy every weight
                         and gradient on each pass (bench/llm_memory.json, learner.fsdp_one_rank_step_s).
@@ -81,9 +83,12 @@ class LearnerConfig:
     gradient_checkpointing: bool = False
     reuse_ratio_forward: bool = True
     cache_weights: bool = True
+    attn_implementation: str = "sdpa"
     fsdp_one_rank: bool = False
 
     def __post_init__(self) -> None:
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.weight_decay < 0:
@@ -211,6 +216,9 @@ class FSDPLearner:
     model_path: local HF folder (config, weights, tokenizer) — the same one the engine loads.
     rank, world_size: this process's place; the process group is created here if none exists
     (world_size 1: an in-memory store; more: MASTER_ADDR/MASTER_PORT from the environment).
+    device: where the model lives; None = this rank's GPU under NCCL, else the CPU.  Every tensor a
+    call builds goes there (ids and masks in `_token_logp`, the loss's batch in `_flat`); what leaves
+    (log-probs, metrics, weights, state dicts) comes back to the host.
     """
 
     def __init__(
@@ -220,8 +228,8 @@ class FSDPLearner:
         rank: int = 0,
         world_size: int = 1,
         backend: str | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
         from transformers import AutoModelForCausalLM
 
         self.model_path = str(model_path)
@@ -234,14 +242,18 @@ class FSDPLearner:
             self.device = torch.device("cuda", local)
         else:
             self.device = torch.device("cpu")
+        if device is not None:
+            self.device = torch.device(device)
         self._init_process_group()
         # objects (commands, batches) always travel over gloo, tensors over the mesh's backend
         self._ctrl = dist.new_group(backend="gloo") if self.world_size > 1 and self.backend != "gloo" else None
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self._mesh = None  # built by _shard when FSDP is used
         dtype = _DTYPES[cfg.param_dtype]
 
         def load():
-            return AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, local_files_only=True)
+            return AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=dtype, local_files_only=True, attn_implementation=cfg.attn_implementation
+            )
 
         self.model = self._shard(load())
         if cfg.gradient_checkpointing:
@@ -293,7 +305,11 @@ class FSDPLearner:
         model = model.to(self.device)
         if self.world_size == 1 and self.cfg.mixed_precision is None and not self.cfg.fsdp_one_rank:
             return model
-        kwargs: dict[str, Any] = {"mesh": self.mesh}
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.device.type, (self.world_size,))
+        kwargs: dict[str, Any] = {"mesh": self._mesh}
         if self.cfg.mixed_precision is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=_DTYPES[self.cfg.mixed_precision], reduce_dtype=torch.float32
@@ -323,6 +339,13 @@ class FSDPLearner:
             if name == "stop":
                 return
             getattr(self, "_do_" + name)(payload)
+
+    # -- where a batch lives -------------------------------------------------------------------------
+    def _flat(self, batch: TurnBatch) -> FlatBatch:
+        """The one place a batch's tensors are placed: the token-level view the loss reads (old log-probs,
+        advantages, weights, segment ids) on the learner's device, beside the log-probs of `_token_logp`
+        (whose ids and masks go to self.device as they are built)."""
+        return FlatBatch.from_batch(batch, device=self.device)
 
     # -- forward pass ------------------------------------------------------------------------------
     def _token_logp(self, model: torch.nn.Module, batch: TurnBatch, rows: np.ndarray) -> torch.Tensor:
@@ -424,7 +447,7 @@ class FSDPLearner:
         """
         batch, cfg = payload
         plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
-        flat_all = FlatBatch.from_batch(batch)
+        flat_all = self._flat(batch)
         num_seqs, num_tokens = flat_all.num_seqs, batch.num_tokens
         use_kl = cfg.kl_coef > 0
         no_kl = dataclasses.replace(cfg, kl_coef=0.0)
@@ -444,7 +467,7 @@ class FSDPLearner:
                 continue
             entropy = cached[3] if reuse else self._entropy
             sub = batch.take(rows)
-            flat = FlatBatch.from_batch(sub)
+            flat = self._flat(sub)
             tok_share = sub.num_tokens / num_tokens
             pol_share = tok_share if cfg.aggregation == "token-mean" else flat.num_seqs / num_seqs
             ref = None
@@ -633,11 +656,11 @@ class FSDPLearner:
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path | None:
         """An HF-format model folder (config, safetensors, tokenizer, generation config) of the current
-        weights, loadable by vLLM and transformers (rtpo.llm.export.write_hf_folder); rank 0 returns it."""
+        weights, loadable by vLLM and transformers (rtpo.llm.hf_folder.write_hf_folder); rank 0 returns it."""
         weights = self.weights()
         if self.rank != 0:
             return None
-        from rtpo.llm.export import write_hf_folder
+        from rtpo.llm.hf_folder import write_hf_folder
 
         return write_hf_folder(self.model_path, weights, out_dir)
 
