@@ -7,6 +7,10 @@ written to the JSON as soon as it ends (a section that fails records its error a
 2. learner:    FSDPLearner.train_step in bf16 (FSDP2 MixedPrecisionPolicy over NCCL, world size 1 — the
                FSDP2/NCCL path) with SDPA attention at a realistic token batch, against a plain torch
                loop on the same batch (bench/learner_mfu.py): achieved TFLOP/s, MFU, the ratio.
+   learner_profile: one train step under torch.profiler: kernel time by kind (matmul, attention,
+               elementwise/reductions, copies), the top kernels, and the share of the wall time the GPU
+               was busy.  learner_compiled: the same measurement with LearnerConfig.compile_layers (each
+               decoder layer torch.compile'd; the plain loop compiled alike).
 3. generation: the HF engine (the fallback sampler; batched, bf16, sampling on the device) tokens/s.
                vLLM is used instead where it is installed; the lent H200 image has none (its wheel
                cannot travel), which the JSON says.
@@ -44,6 +48,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+import learner_mfu  # noqa: E402  (bench/learner_mfu.py, beside this file)
 
 # Qwen3-0.6B's shape (28 layers, hidden 1024, tied 151,936-row embedding): ~0.6B parameters
 HALF_B = dict(
@@ -152,7 +157,9 @@ def generation(model_dir: Path, device: str, dtype, rows: int, ctx_len: int, tok
     secs = time.perf_counter() - t0
     n_tok = int(gen.tokens.values.size)
     vllm = importlib.util.find_spec("vllm") is not None
-    del engine
+    # where a decoding step's time goes: a short generate of the same rows under the profiler
+    engine.sampling = dataclasses.replace(full, max_tokens=min(tokens, 32))
+    prof = learner_mfu.profile_step(lambda: engine.generate(ctx, turn, 1, rng), sync, device)
     return {
         "engine": "hf",
         "dtype": str(dtype).replace("torch.", ""),
@@ -162,6 +169,7 @@ def generation(model_dir: Path, device: str, dtype, rows: int, ctx_len: int, tok
         "tokens": n_tok,
         "seconds": secs,
         "tokens_per_s": n_tok / secs,
+        "profile_32_tokens": prof,
         "vllm": {
             "installed": vllm,
             "note": (
@@ -304,9 +312,15 @@ def summary(out: dict) -> str:
         ("learner MFU (datasheet peak)", fmt(get("learner", "learner_mfu"))),
         ("plain torch loop MFU", fmt(get("learner", "plain_mfu"))),
         ("learner / plain time", fmt(get("learner", "ratio"))),
+        ("learner step: GPU busy share", fmt(get("learner_profile", "busy_share"))),
+        ("learner step: kernel s by kind", fmt(get("learner_profile", "by_kind_s"))),
+        ("compiled layers: learner MFU", fmt(get("learner_compiled", "learner_mfu"))),
+        ("compiled layers: plain MFU", fmt(get("learner_compiled", "plain_mfu"))),
+        ("compiled layers: learner/plain", fmt(get("learner_compiled", "ratio"))),
         ("learner tokens/step", fmt(get("learner", "tokens_per_step"), "d")),
         ("learner path", fmt(get("learner", "learner"))),
         ("HF engine tokens/s", fmt(get("generation", "tokens_per_s"))),
+        ("decode: GPU busy share", fmt(get("generation", "profile_32_tokens", "busy_share"))),
         ("vLLM", "installed" if get("generation", "vllm", "installed") else "not installed (HF engine measured)"),
         ("iteration s", fmt(get("iteration", "seconds"))),
         ("rollout/train time ratio", fmt(get("iteration", "rollout_train_time_ratio"))),
@@ -330,7 +344,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=None, help="the iteration's response tokens per turn")
     ap.add_argument("--hardware", default=None, help="rtpo plan's hardware name (default: from the device)")
     ap.add_argument(
-        "--skip", default="", help="comma-separated sections to leave out (ceilings,learner,generation,iteration,plan)"
+        "--skip",
+        default="",
+        help="comma-separated sections to leave out "
+        "(ceilings,learner,learner_profile,learner_compiled,generation,iteration,plan)",
     )
     args = ap.parse_args(argv)
 
@@ -376,7 +393,6 @@ def main(argv: list[str] | None = None) -> dict:
     out["model"] = {k: out["model"][k] for k in ("shape", "hidden_size", "num_hidden_layers", "vocab_size")}
     device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
-    import learner_mfu
 
     sections = {
         "ceilings": lambda: ceilings(torch, cuda),
@@ -392,6 +408,27 @@ def main(argv: list[str] | None = None) -> dict:
             steps=pick["mfu_steps"],
             peak_tflops=peak,
         ),
+        "learner_profile": lambda: learner_mfu.profile_learner(
+            model_dir,
+            pick["mfu_rows"] // 2,  # one micro-batch's rows: the profile of one forward/backward/update
+            pick["mfu_context"],
+            pick["mfu_response"],
+            device,
+            "bfloat16" if cuda else None,
+        ),
+        "learner_compiled": lambda: learner_mfu.measure(
+            model_dir,
+            pick["mfu_rows"],
+            pick["mfu_context"],
+            pick["mfu_response"],
+            device=device,
+            mixed_precision="bfloat16" if cuda else None,
+            micro_batch_tokens=16384,
+            warmup=1,
+            steps=pick["mfu_steps"],
+            peak_tflops=peak,
+            compile_layers=True,
+        ),
         "generation": lambda: generation(
             model_dir, device, dtype, pick["gen_rows"], pick["gen_context"], pick["gen_tokens"]
         ),
@@ -401,12 +438,11 @@ def main(argv: list[str] | None = None) -> dict:
     for name, fn in sections.items():
         if name not in skip:
             _section(out, name, fn, args.out)
-        if name == "learner":
-            gc.collect()  # the learner's and the plain loop's models and optimisers
-            if cuda:
-                torch.cuda.empty_cache()
-            if torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()  # the iteration's learner makes its own group
+        gc.collect()  # a section's models and optimisers
+        if cuda:
+            torch.cuda.empty_cache()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()  # each learner makes its own group
     out["total_s"] = time.perf_counter() - t_start
     args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(summary(out), flush=True)
