@@ -63,6 +63,9 @@ class LearnerConfig:
                         weights it already holds (RTPO's first phase syncs the θ its trunks ran under).
     attn_implementation: transformers' attention kernel: "sdpa" (torch's fused scaled-dot-product
                         attention: flash / memory-efficient kernels on GPUs) or "eager" (the reference).
+    compile_layers:     torch.compile each decoder layer in place (before FSDP wraps it; the parameter
+                        names and state dicts are unchanged): fuses the eager model's norms, rotary and
+                        activations.  Off by default: each new batch shape compiles again (GPUs).
     fsdp_one_rank:      wrap the model in FSDP2 even with world size 1.  Off by default: on one rank there
                         is nothing to shard, and FSDP's all-gather and reduce-scatter only copy every weight
                         and gradient on each pass (bench/llm_memory.json, learner.fsdp_one_rank_step_s).
@@ -85,6 +88,7 @@ class LearnerConfig:
     cache_weights: bool = True
     attn_implementation: str = "sdpa"
     fsdp_one_rank: bool = False
+    compile_layers: bool = False
 
     def __post_init__(self) -> None:
         if self.attn_implementation not in ("sdpa", "eager"):
@@ -304,6 +308,9 @@ class FSDPLearner:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         model = model.to(self.device)
+        if self.cfg.compile_layers:
+            for layer in model.model.layers:
+                layer.compile()
         if self.world_size == 1 and self.cfg.mixed_precision is None and not self.cfg.fsdp_one_rank:
             return model
         from torch.distributed.device_mesh import init_device_mesh
