@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rtpo.checkpoint import latest_name, latest_path, read_checkpoint, read_metrics
-from rtpo.cli import main
-from rtpo.config import load_scenario
+from rtpo.commands.cli import main
 from rtpo.core.estimators import ESTIMATORS, sibling_advantage
-from rtpo.run import RunWriteError, TrainingDiverged, run_scenario
+from rtpo.rundir.checkpoint import latest_name, latest_path, read_checkpoint, read_metrics
+from rtpo.rundir.runner import RunWriteError, TrainingDiverged, run_scenario
+from rtpo.scenario.load import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["budget.iterations=2", "budget.queries_per_iteration=4", "logging.plot=false"]
@@ -43,7 +43,7 @@ def _steady(metrics: list[dict]) -> list[dict]:
 
 
 # -- one writer at a time ----------------------------------------------------------------------------
-HOLD = "import sys, time\nfrom rtpo.checkpoint import lock_run\nlock_run(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(600)\n"
+HOLD = "import sys, time\nfrom rtpo.rundir.checkpoint import lock_run\nlock_run(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(600)\n"
 
 
 def test_a_second_writer_is_refused_before_touching_anything_and_a_killed_one_never_blocks(tmp_path, capsys):
@@ -78,7 +78,7 @@ def test_a_second_writer_is_refused_before_touching_anything_and_a_killed_one_ne
 def test_two_writers_in_one_process_are_refused_too(tmp_path):
     """flock is per open file: a second lock of the same folder in the same process is refused as well
     (two threads of a notebook), and releasing the first lets the next one in."""
-    from rtpo.checkpoint import RunLocked, lock_run
+    from rtpo.rundir.checkpoint import RunLocked, lock_run
 
     first = lock_run(tmp_path)
     with pytest.raises(RunLocked, match=f"pid {os.getpid()}"):
@@ -202,7 +202,7 @@ def test_a_full_disk_while_appending_metrics_names_metrics_jsonl(tmp_path, monke
     checkpoint before it resumes exactly."""
     import errno
 
-    import rtpo.run as run_mod
+    import rtpo.rundir.runner as run_mod
 
     real_fsync, calls = os.fsync, {"n": 0}
 

@@ -61,6 +61,11 @@ class LearnerConfig:
     cache_weights:      `weights` returns the same snapshot while the parameters are unchanged (no second
                         gather) and tags it with the learner's version, so an engine can skip reloading
                         weights it already holds (RTPO's first phase syncs the θ its trunks ran under).
+    attn_implementation: transformers' attention kernel: "sdpa" (torch's fused scaled-dot-product
+                        attention: flash / memory-efficient kernels on GPUs) or "eager" (the reference).
+    compile_layers:     torch.compile each decoder layer in place (before FSDP wraps it; the parameter
+                        names and state dicts are unchanged): fuses the eager model's norms, rotary and
+                        activations.  Off by default: each new batch shape compiles again (GPUs).
     fsdp_one_rank:      wrap the model in FSDP2 even with world size 1.  Off by default: on one rank there
                         is nothing to shard, and FSDP's all-gather and reduce-scatter only copy every weight
                         and gradient on each pass (bench/llm_memory.json, learner.fsdp_one_rank_step_s).
@@ -81,9 +86,13 @@ class LearnerConfig:
     gradient_checkpointing: bool = False
     reuse_ratio_forward: bool = True
     cache_weights: bool = True
+    attn_implementation: str = "sdpa"
     fsdp_one_rank: bool = False
+    compile_layers: bool = False
 
     def __post_init__(self) -> None:
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.weight_decay < 0:
@@ -211,6 +220,9 @@ class FSDPLearner:
     model_path: local HF folder (config, weights, tokenizer) — the same one the engine loads.
     rank, world_size: this process's place; the process group is created here if none exists
     (world_size 1: an in-memory store; more: MASTER_ADDR/MASTER_PORT from the environment).
+    device: where the model lives; None = this rank's GPU under NCCL, else the CPU.  Every tensor a
+    call builds goes there (ids and masks in `_token_logp`, the loss's batch in `_flat`); what leaves
+    (log-probs, metrics, weights, state dicts) comes back to the host.
     """
 
     def __init__(
@@ -220,8 +232,8 @@ class FSDPLearner:
         rank: int = 0,
         world_size: int = 1,
         backend: str | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
         from transformers import AutoModelForCausalLM
 
         self.model_path = str(model_path)
@@ -234,14 +246,18 @@ class FSDPLearner:
             self.device = torch.device("cuda", local)
         else:
             self.device = torch.device("cpu")
+        if device is not None:
+            self.device = torch.device(device)
         self._init_process_group()
         # objects (commands, batches) always travel over gloo, tensors over the mesh's backend
         self._ctrl = dist.new_group(backend="gloo") if self.world_size > 1 and self.backend != "gloo" else None
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self._mesh = None  # built by _shard when FSDP is used
         dtype = _DTYPES[cfg.param_dtype]
 
         def load():
-            return AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, local_files_only=True)
+            return AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=dtype, local_files_only=True, attn_implementation=cfg.attn_implementation
+            )
 
         self.model = self._shard(load())
         if cfg.gradient_checkpointing:
@@ -266,6 +282,7 @@ class FSDPLearner:
         self._weights_cache: WeightsSnapshot | None = None
         self._fwd_cache: tuple[int, TurnBatch, torch.Tensor, torch.Tensor] | None = None
         self._entropy: torch.Tensor | None = None  # the last _token_logp's per-token entropies (no grad)
+        self._entropy_grad = False  # _token_logp's entropies carry a graph (LossConfig.entropy_coef > 0)
         self._times = {"time/logprobs_s": 0.0, "time/train_s": 0.0}
 
     # -- setup -----------------------------------------------------------------------------------
@@ -291,9 +308,16 @@ class FSDPLearner:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         model = model.to(self.device)
+        if self.cfg.compile_layers:
+            for layer in model.model.layers:
+                layer.compile()
         if self.world_size == 1 and self.cfg.mixed_precision is None and not self.cfg.fsdp_one_rank:
             return model
-        kwargs: dict[str, Any] = {"mesh": self.mesh}
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.device.type, (self.world_size,))
+        kwargs: dict[str, Any] = {"mesh": self._mesh}
         if self.cfg.mixed_precision is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=_DTYPES[self.cfg.mixed_precision], reduce_dtype=torch.float32
@@ -323,6 +347,13 @@ class FSDPLearner:
             if name == "stop":
                 return
             getattr(self, "_do_" + name)(payload)
+
+    # -- where a batch lives -------------------------------------------------------------------------
+    def _flat(self, batch: TurnBatch) -> FlatBatch:
+        """The one place a batch's tensors are placed: the token-level view the loss reads (old log-probs,
+        advantages, weights, segment ids) on the learner's device, beside the log-probs of `_token_logp`
+        (whose ids and masks go to self.device as they are built)."""
+        return FlatBatch.from_batch(batch, device=self.device)
 
     # -- forward pass ------------------------------------------------------------------------------
     def _token_logp(self, model: torch.nn.Module, batch: TurnBatch, rows: np.ndarray) -> torch.Tensor:
@@ -359,7 +390,10 @@ class FSDPLearner:
         lp = log_p.gather(-1, target[..., None]).squeeze(-1)  # (b, r_max)
         keep = torch.as_tensor(np.arange(r_max)[None, :] >= (r_max - rsp.lengths)[:, None], device=self.device)
         if model is self.model:  # the KL reference's entropy is not a metric: not computed
-            self._entropy = _entropy(log_p)[keep]
+            if self._entropy_grad and torch.is_grad_enabled():  # an entropy bonus in the loss: differentiable
+                self._entropy = -(log_p.exp() * log_p).sum(-1)[keep]
+            else:
+                self._entropy = _entropy(log_p)[keep]
         return lp[keep]  # row-major: each row's response tokens in order
 
     # -- Learner protocol ------------------------------------------------------------------------
@@ -417,22 +451,31 @@ class FSDPLearner:
         pair regression: a pair is one sequence, and sequences stay whole in a micro-batch), split
         exactly over ranks.
 
-        The batch loss is −(policy objective) + β·KL.  The policy part is a mean over sequences
-        (or tokens, for token-mean aggregation) and the KL part a mean over tokens, so micro-batch m
-        contributes w_m·L_m^{no KL} + (N_m/N)·(L_m − L_m^{no KL}), w_m = S_m/S (or N_m/N); the core
-        loss is evaluated once per micro-batch without and once with the KL term to separate them.
+        The batch loss is −(policy objective) + β·KL − c·H.  The policy part is a mean over sequences
+        (the seq-mean-* aggregations) or over tokens (token-mean), and the regularisers (KL, entropy) are
+        means over tokens, so micro-batch m contributes w_m·L_m^{no reg} + (N_m/N)·(L_m − L_m^{no reg}),
+        w_m = S_m/S (or N_m/N); the core loss is evaluated once per micro-batch without and once with the
+        regularisers to separate them.
         """
         batch, cfg = payload
         plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
-        flat_all = FlatBatch.from_batch(batch)
+        flat_all = self._flat(batch)
         num_seqs, num_tokens = flat_all.num_seqs, batch.num_tokens
         use_kl = cfg.kl_coef > 0
-        no_kl = dataclasses.replace(cfg, kl_coef=0.0)
+        use_ent = cfg.entropy_coef > 0
+        no_kl = dataclasses.replace(cfg, kl_coef=0.0, entropy_coef=0.0)
+        self._entropy_grad = use_ent
         sums: dict[str, float] = {}
         self.opt.zero_grad(set_to_none=True)
         micro = plan[self.rank]
         cached, self._fwd_cache = self._fwd_cache, None
-        reuse = cached is not None and len(micro) == 1 and cached[0] == self._version and _same_rows(cached[1], batch)
+        reuse = (
+            cached is not None
+            and not use_ent  # the ratio pass's entropies carry no graph
+            and len(micro) == 1
+            and cached[0] == self._version
+            and _same_rows(cached[1], batch)
+        )
         grad_sync = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP only
         for m, rows in enumerate(micro):
             if grad_sync is not None:
@@ -444,7 +487,7 @@ class FSDPLearner:
                 continue
             entropy = cached[3] if reuse else self._entropy
             sub = batch.take(rows)
-            flat = FlatBatch.from_batch(sub)
+            flat = self._flat(sub)
             tok_share = sub.num_tokens / num_tokens
             pol_share = tok_share if cfg.aggregation == "token-mean" else flat.num_seqs / num_seqs
             ref = None
@@ -453,15 +496,16 @@ class FSDPLearner:
                     ref = self._token_logp(self.ref_model, batch, rows)
             pol_loss, metrics = policy_loss(logp, flat, no_kl)
             total = pol_share * pol_loss
-            if use_kl:
-                full_loss, kl_metrics = policy_loss(logp, flat, cfg, ref)
+            if use_kl or use_ent:  # the regularisers are token means: their share is the tokens'
+                full_loss, reg_metrics = policy_loss(logp, flat, cfg, ref, entropy if use_ent else None)
                 total = total + tok_share * (full_loss - pol_loss)
-                metrics["loss/kl_ref"] = kl_metrics["loss/kl_ref"]
+                metrics.update({k: reg_metrics[k] for k in ("loss/kl_ref", "loss/entropy") if k in reg_metrics})
             (total * self.world_size).backward()  # FSDP averages gradients over ranks
-            metrics["train/entropy"] = float(entropy.double().mean())  # token mean, like the KL
+            metrics["train/entropy"] = float(entropy.detach().double().mean())  # token mean, like the KL
             for key, v in metrics.items():
                 share = pol_share if key == "loss/policy" else tok_share
                 sums[key] = sums.get(key, 0.0) + share * float(v)
+        self._entropy_grad = False
         grad_norm = self._clip_and_norm()
         lr = float(self.opt.param_groups[0]["lr"])  # the step's learning rate
         self.opt.step()
@@ -633,11 +677,11 @@ class FSDPLearner:
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path | None:
         """An HF-format model folder (config, safetensors, tokenizer, generation config) of the current
-        weights, loadable by vLLM and transformers (rtpo.llm.export.write_hf_folder); rank 0 returns it."""
+        weights, loadable by vLLM and transformers (rtpo.llm.hf_folder.write_hf_folder); rank 0 returns it."""
         weights = self.weights()
         if self.rank != 0:
             return None
-        from rtpo.llm.export import write_hf_folder
+        from rtpo.llm.hf_folder import write_hf_folder
 
         return write_hf_folder(self.model_path, weights, out_dir)
 
