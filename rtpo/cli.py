@@ -3,6 +3,7 @@
     rtpo run [SCENARIO] [key=value ...] [--out DIR] [--no-progress] [--verbose]
     rtpo run --resume RUN_DIR [budget.KEY=value | logging.KEY=value ...] [--iter N [--out DIR]]
     rtpo solve SCENARIO [key=value ...]
+    rtpo plan SCENARIO [key=value ...] [--hardware NAME|FILE] [--assume KEY=VALUE ...] [--json]
     rtpo eval TARGET [key=value ...] [--samples N] [--k 1,4,8] [--queries Q|all] [--split eval|train]
               [--seed S] [--threshold T] [--out FILE]      (rtpo.eval.main)
     rtpo export RUN [--iter N] OUT                           (rtpo.export)
@@ -33,6 +34,10 @@ def _split_scenario(args: list[str]) -> tuple[str | None, list[str]]:
     return None, args
 
 
+def _overrides_only(args: list[str]) -> bool:
+    return all("=" in a and not a.startswith("-") for a in args)
+
+
 def _parser() -> argparse.ArgumentParser:
     from rtpo import __version__
 
@@ -40,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"rtpo {__version__}")
     sub = p.add_subparsers(
         dest="command",
-        metavar="{run,solve,eval,export,verify,compare,config,scenarios,plot}",
+        metavar="{run,solve,plan,eval,export,verify,compare,config,scenarios,plot}",
         parser_class=OneLineParser,
     )
     run = sub.add_parser("run", help="train on a scenario (default: the embedded default scenario)")
@@ -73,6 +78,30 @@ def _parser() -> argparse.ArgumentParser:
     solve = sub.add_parser("solve", help="exact optimum and recursively optimal policy of a scenario")
     solve.add_argument("args", nargs="+", metavar="SCENARIO [key=value ...]")
     add_plugin_option(solve)
+    plan = sub.add_parser(
+        "plan",
+        help="what an llm scenario costs before it starts: counts, tokens, memory per worker, time",
+        description="Per phase and per iteration: trunks, boundaries, siblings, tokens generated and trained, "
+        "each worker's memory and a time estimate on an accelerator (docs/plan.md).  Exit 3 when it does not fit.",
+    )
+    plan.add_argument("args", nargs="+", metavar="SCENARIO [key=value ...]")
+    plan.add_argument(
+        "--hardware",
+        metavar="NAME|FILE",
+        default=None,
+        help="accelerator: H100-80GB, H200, A100-80GB, A100-40GB, L40S, cpu, or a YAML file with your own "
+        "(default: backend.hardware, else this machine)",
+    )
+    plan.add_argument(
+        "--assume",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="episode shape: reach (next-turn probability), fill (share of max_tokens), prompt_tokens, "
+        "tool_tokens, think_share (default: the upper bounds reach=1 fill=1)",
+    )
+    plan.add_argument("--json", action="store_true", help="the plan as JSON")
+    add_plugin_option(plan)
     sub.add_parser(
         "eval", help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy (rtpo.eval)", add_help=False
     )
@@ -182,6 +211,24 @@ def _cmd_solve(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(ns: argparse.Namespace) -> int:
+    import json
+
+    from rtpo.config import ConfigError, load_scenario
+    from rtpo.plan import Assumptions, plan, render
+
+    scenario, overrides = _split_scenario(ns.args)
+    if scenario is None:
+        return _fail("plan needs a scenario file")
+    try:
+        cfg = load_scenario(scenario, overrides, plugins=ns.plugin)
+        p = plan(cfg, ns.hardware, Assumptions.parse(ns.assume))
+    except ConfigError as e:
+        return _fail(str(e))
+    print(json.dumps(p.to_dict(), indent=2) if ns.json else render(p), end="" if not ns.json else "\n")
+    return 0 if p.fits else 3
+
+
 def _cmd_export(ns: argparse.Namespace) -> int:
     from rtpo.config import ConfigError
     from rtpo.export import export_run
@@ -282,11 +329,18 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "eval":
         return _dispatch("rtpo.eval", argv[1:])
     parser = _parser()
-    ns = parser.parse_args(argv)
+    # `rtpo run FILE --out D key=val`: overrides may follow the options, as `rtpo compare` accepts
+    ns, extra = parser.parse_known_args(argv)
+    if extra:
+        if ns.command not in ("run", "solve", "config") or not hasattr(ns, "args") or not _overrides_only(extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        ns.args = [*ns.args, *extra]
     if ns.command == "run":
         return _cmd_run(ns)
     if ns.command == "solve":
         return _cmd_solve(ns)
+    if ns.command == "plan":
+        return _cmd_plan(ns)
     if ns.command == "export":
         return _cmd_export(ns)
     if ns.command == "config":

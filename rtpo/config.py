@@ -189,6 +189,8 @@ def load_scenario(
     else:
         p = Path(path)
         where = str(p)
+        if p.is_dir():
+            raise ConfigError(f"{where}: is a folder; give a scenario file (`rtpo scenarios` lists the shipped ones)")
         if not p.is_file():
             raise ConfigError(f"{where}: no such scenario file")
         try:

@@ -136,7 +136,7 @@ def evaluate_target(
     samples defaults to max(ks); queries to the whole split (or the backend's default count when the
     split has no fixed problem set), "all" = the whole split; seed to the scenario seed + 7919 (the
     seed of the in-run evaluation)."""
-    from rtpo.backends import get_backend
+    from rtpo.backends import build_backend
     from rtpo.config import ConfigError
 
     cfg = target.cfg
@@ -147,7 +147,7 @@ def evaluate_target(
     if ks[-1] > samples:
         raise ConfigError(f"--k: k={ks[-1]} > --samples {samples} (pass@k needs at least k samples per problem)")
     t0 = time.perf_counter()
-    built = get_backend(cfg.backend.kind).build(cfg)
+    built = build_backend(cfg)
     try:
         spec = built.sampled_eval
         if spec is None:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from rtpo import checkpoint, provenance
-from rtpo.backends import BuiltBackend, get_backend
+from rtpo.backends import BuiltBackend, build_backend, get_backend
 from rtpo.checkpoint import (
     CONFIG,
     CURVE,
@@ -296,8 +296,12 @@ def run_scenario(
 
     # build first (load the task and its data, the model, the engines), then make or change folders:
     # a task that fails to load leaves no run folder behind, and a resumed run's config.yaml unchanged
+    if cfg.backend.kind == "llm" and resume is None:  # refuse what will not fit before anything starts
+        from rtpo.plan import check_fits
+
+        check_fits(cfg)
     with library_logs(verbose) as libs:  # vLLM/Ray/transformers lines go to RUN/logs/, not the console
-        built = get_backend(cfg.backend.kind).build(cfg)
+        built = build_backend(cfg)
         if cfg.backend.distributed != "none":
             from rtpo.distributed import distribute  # Ray is imported only by runs that ask for it
 
@@ -359,7 +363,7 @@ def run_in_memory(cfg: ScenarioConfig, built: BuiltBackend | None = None, progre
     output (rtpo.train's default).  The phases, metrics and summary are those of `run_scenario`.
     `built` is a backend built already (rtpo.train on your own TurnMDP); None builds the scenario's."""
     if built is None:
-        built = get_backend(cfg.backend.kind).build(cfg)
+        built = build_backend(cfg)
         if cfg.backend.distributed != "none":
             from rtpo.distributed import distribute
 

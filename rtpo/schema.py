@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 SECTIONS = ("name", "seed", "plugins", "backend", "task", "method", "budget", "train", "eval", "logging", "resources")
 
@@ -40,6 +40,27 @@ _Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
+
+
+def _construct_mapping(self: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A key given twice in one mapping is an error naming both lines (PyYAML keeps the last silently,
+    so a scenario's second `G:` would override the first unseen).  `<<` merges may still be overridden."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicated key {str(key)[:60]!r} (first at line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = line
+    return yaml.SafeLoader.construct_mapping(self, node, deep=deep)
+
+
+_Loader.construct_mapping = _construct_mapping  # type: ignore[method-assign]
 
 
 MAX_SCENARIO_NODES = 100_000  # values in a scenario after expanding YAML aliases; real ones have < 1,000
@@ -127,6 +148,33 @@ class BudgetConfig(Section):
 class TrainConfig(Section):
     lr: float = Field(0.1, gt=0, description="learning rate of the optimiser")
     optimizer: Literal["adam", "sgd"] = Field("adam", description="optimiser: adam | sgd")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="learning rate after the warm-up, by optimiser step (rtpo.core.schedule, torch's LambdaLR; "
+        "resumed exactly): constant | linear or cosine decay to min_lr_ratio·lr over decay_steps",
+    )
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up: optimiser step s < W runs at lr·(s+1)/W (0 = none)")
+    decay_steps: int | None = Field(
+        None,
+        ge=1,
+        description="optimiser steps after the warm-up over which linear/cosine decay; the rate is held at "
+        "min_lr_ratio·lr afterwards (required by linear and cosine)",
+    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="where linear/cosine decay ends, as a fraction of lr")
+
+    @model_validator(mode="after")
+    def _decay_needs_steps(self) -> TrainConfig:
+        if self.lr_schedule != "constant" and self.decay_steps is None:
+            raise ValueError(
+                f"lr_schedule {self.lr_schedule!r} needs train.decay_steps (optimiser steps to decay over)"
+            )
+        return self
+
+    def lr_schedule_config(self):
+        """The schedule as rtpo.core.schedule.LRSchedule (what both backends' learners take)."""
+        from rtpo.core.schedule import LRSchedule
+
+        return LRSchedule(self.lr_schedule, self.warmup_steps, self.decay_steps, self.min_lr_ratio)
 
 
 class EvalConfig(Section):

@@ -31,7 +31,10 @@
 - `--tune key=v1,v2,...` (e.g. train.lr=0.1,0.3,1.0) tunes per method (and sweep value): every candidate
   runs on T tuning seeds scenario.seed + N..N+T−1, disjoint from the reported ones; each method is then
   reported at its best candidate (mean value/V* over the tuning seeds), and the report prints every
-  candidate's score (rtpo.compare.tuning).  Best-vs-best instead of one shared setting.
+  candidate's score (rtpo.compare.tuning) and how stable each choice is (the share of bootstrap resamples of
+  the tuning seeds that pick it; below 80% is flagged).  Best-vs-best instead of one shared setting.  T
+  (`--tune-seeds`) defaults to 4: on the shipped families, two disjoint sets of 4 seeds pick the same
+  learning rate in most cells, where 2 seeds often disagree (bench/tune_stability.json).
 - Seeds are scenario.seed + 0..N−1.  Runs go to 2 worker processes (single-threaded torch each,
   forked where the platform allows) whenever more than one run is queued.
 

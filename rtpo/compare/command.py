@@ -11,7 +11,7 @@ from rtpo.compare.jobs import build_jobs
 from rtpo.compare.plots import write_plots
 from rtpo.compare.runner import Outcome, _init_worker, run_all
 from rtpo.compare.tables import aggregate, settings_lines, table_markdown
-from rtpo.compare.tuning import Selection, Tune, reported_jobs_with, select, tuning_lines
+from rtpo.compare.tuning import DEFAULT_TUNE_SEEDS, Selection, Tune, reported_jobs_with, select, tuning_lines
 
 PROG = "rtpo compare"
 DEFAULT_METHODS = "rtpo,grpo,seeupo"
@@ -44,7 +44,11 @@ def _parser() -> OneLineParser:
         help="tune KEY per method on separate tuning seeds, then report each method at its best value",
     )
     p.add_argument(
-        "--tune-seeds", type=int, default=2, help="tuning seeds per candidate, after the reported ones (default 2)"
+        "--tune-seeds",
+        type=int,
+        default=DEFAULT_TUNE_SEEDS,
+        help=f"tuning seeds per candidate, after the reported ones (default {DEFAULT_TUNE_SEEDS}: "
+        "bench/tune_stability.json)",
     )
     p.add_argument(
         "--runs",

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.backends import BackendSpec, BuiltBackend, register_backend
+from rtpo.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
 from rtpo.core.methods import RunContext
 from rtpo.evaluation import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
 from rtpo.llm.model_cache import check_model_dir, tiny_random_model
@@ -241,28 +241,42 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
             **extra,
         )
     else:
+        import torch
+
         from rtpo.llm.engines.hf import HFEngine
 
-        engine = HFEngine(model_dir, sampling, max_model_len=b.max_model_len)
+        engine = HFEngine(
+            model_dir,
+            sampling,
+            max_model_len=b.max_model_len,
+            dtype=getattr(torch, b.engine_dtype),
+            device=_device(b),
+        )
     engines.append(engine)
     for e in pending:
         e.summarizer.engine = engine
     return _RolloutSide(make_env=make_env, env=env, num_queries=num_queries, stop=stop, engine=engine)
 
 
-def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
-    """The FSDP2 learner.  A trainer rank whose process group already exists (a Ray trainer actor: the
-    group's size is resources.trainer_workers) builds its shard in that group; otherwise launch_learner
-    spawns backend.world_size − 1 local ranks around this process (the driver's learner)."""
+def _device(b: LLMBackendConfig) -> str:
+    """backend.device resolved: the one setting that places the learner's model and the hf engine."""
     import torch
-    import torch.distributed as dist
 
-    from rtpo.llm.learner import FSDPLearner, LearnerConfig, launch_learner
+    if b.device != "auto":
+        return b.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def learner_config(cfg: ScenarioConfig) -> Any:
+    """The FSDP learner's LearnerConfig of a scenario: the same for the driver's learner and for every
+    Ray trainer rank (train.lr and its schedule, the backend's numerics, a KL reference when needed)."""
+    from rtpo.llm.learner import LearnerConfig
 
     b: LLMBackendConfig = cfg.backend
     kl = float(getattr(cfg.method.config, "kl_coef", 0.0) or 0.0)
-    lcfg = LearnerConfig(
+    return LearnerConfig(
         lr=cfg.train.lr,
+        lr_schedule=cfg.train.lr_schedule_config(),
         weight_decay=b.weight_decay,
         grad_clip=b.grad_clip,
         temperature=b.temperature,
@@ -272,13 +286,29 @@ def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
         mixed_precision=b.mixed_precision,
         gradient_checkpointing=b.gradient_checkpointing,
     )
+
+
+def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
+    """The FSDP2 learner.  A trainer rank whose process group already exists (a Ray trainer actor: the
+    group's size is resources.trainer_workers) builds its shard in that group; otherwise launch_learner
+    spawns backend.world_size − 1 local ranks around this process (the driver's learner)."""
+    import torch
+    import torch.distributed as dist
+
+    from rtpo.llm.learner import FSDPLearner, launch_learner
+
+    b: LLMBackendConfig = cfg.backend
+    lcfg = learner_config(cfg)
     if role == "trainer" and dist.is_initialized():
         if b.threads_per_rank:
             torch.set_num_threads(b.threads_per_rank)
         return FSDPLearner(
             model_dir, lcfg, rank=dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend()
         )
-    learner = launch_learner(model_dir, lcfg, world_size=b.world_size, threads_per_rank=b.threads_per_rank)
+    backend = "gloo" if _device(b) == "cpu" else None  # None: NCCL on the GPUs
+    learner = launch_learner(
+        model_dir, lcfg, world_size=b.world_size, backend=backend, threads_per_rank=b.threads_per_rank
+    )
     if b.world_size > 1:
         atexit.register(learner.close)
     return learner
@@ -343,6 +373,16 @@ def export(cfg: ScenarioConfig, weights: dict, out: Any, manifest: dict | None =
     return write_hf_folder(_model_dir(cfg), weights, out, manifest)
 
 
+# A sampled turn keeps at least its text, token ids and log-probabilities and a few Python objects: a
+# deliberately low figure, so the refusal below catches only sizes no machine holds (method.G=1e9).
+_BYTES_PER_SAMPLED_TURN = 2048
+
+
+def memory_estimate(cfg) -> list[tuple[str, int]]:
+    """A lower bound of one iteration's sampled turns, by the key driving it (rtpo.backends.rollout_memory)."""
+    return [rollout_memory(cfg, cfg.task.num_turns, _BYTES_PER_SAMPLED_TURN)]
+
+
 register_backend(
     "llm",
     BackendSpec(
@@ -351,6 +391,7 @@ register_backend(
         build=build,
         build_role=build_role,
         task_schemas=task_schemas,
+        memory=memory_estimate,
         export=export,
     ),
 )
