@@ -123,6 +123,7 @@ def _iterations(run_dir: Path) -> list[dict]:
 
 def cpu_runs(hw) -> dict:
     from rtpo.config import load_scenario
+
     from rtpo.plan import plan
 
     base = _child("baseline")["peak_rss_bytes"]
@@ -159,6 +160,7 @@ def cpu_runs(hw) -> dict:
 
 def paper() -> dict:
     from rtpo.config import load_scenario
+
     from rtpo.plan import Assumptions, plan
 
     rtpo = load_scenario(AIRLINE)

@@ -178,8 +178,8 @@ def iteration(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: 
     """One RTPO iteration of tiny-cpu.yaml on `model_dir`, its time split and rollout/train ratio."""
     import torch
 
-    from rtpo.config import load_scenario
     from rtpo.llm.build import build
+    from rtpo.scenario.load import load_scenario
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     overrides = [

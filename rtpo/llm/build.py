@@ -2,7 +2,7 @@
 an engine (vLLM or HF) and the FSDP2 learner into the core's RunContext, per role of a distributed run,
 plus the backend's evaluation and export hooks.
 
-Importing this module registers the backend (rtpo.backends).  A tabular scenario's `method`, `budget`,
+Importing this module registers the backend (rtpo.scenario.backends).  A tabular scenario's `method`, `budget`,
 `train`, `eval` and `logging` sections work unchanged; `backend` and `task` are the LLM ones of
 rtpo.llm.schema.  `train.lr` is AdamW's learning rate (E.3: 1e-6); `train.optimizer` must be `adam`
 (AdamW).  The pieces: rtpo.llm.schema (sections), rtpo.llm.model_cache (the model folder, tiny-random
@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
 from rtpo.core.methods import RunContext
-from rtpo.evaluation import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
+from rtpo.core.sampled_eval import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
 from rtpo.llm.model_cache import check_model_dir, tiny_random_model
 from rtpo.llm.sampler import TrackedSampler, eval_engine
 from rtpo.llm.schema import (
@@ -34,7 +33,8 @@ from rtpo.llm.schema import (
     parse_task,
     task_schemas,
 )
-from rtpo.schema import ConfigError, ScenarioConfig
+from rtpo.scenario.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
+from rtpo.scenario.schema import ConfigError, ScenarioConfig
 
 __all__ = [  # the moved pieces stay importable from rtpo.llm.build
     "FieldsSection",
@@ -63,7 +63,7 @@ def sampled_eval_of(
     sampler: TrackedSampler,
     eval_sampling: Any,
 ) -> SampledEval:
-    """The llm backend's part of rtpo.evaluation: held-out (eval) and training problems, the engine with the
+    """The llm backend's part of rtpo.core.sampled_eval: held-out (eval) and training problems, the engine with the
     learner's weights at eval temperature/top-p, and the settings a report records."""
     return SampledEval(
         splits={"eval": EvalSplit(eval_env, len(eval_env.task)), "train": EvalSplit(env, len(env.task))},
@@ -82,7 +82,7 @@ def sampled_eval_of(
 
 
 def _evaluate(sampled: SampledEval, env: Any, sampler: TrackedSampler, seed: int) -> dict[str, float]:
-    """The in-run evaluation: Pass@1 and friends (rtpo.evaluation.in_run_metrics) of the learner's current
+    """The in-run evaluation: Pass@1 and friends (rtpo.core.sampled_eval.in_run_metrics) of the learner's current
     weights on the first task.eval_queries problems of the eval split, one sample each, drawn with a
     fixed seed (the same draws every time); plus the training env's counters since the last call and
     the weight-sync time."""
@@ -367,8 +367,8 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
 
 def export(cfg: ScenarioConfig, weights: dict, out: Any, manifest: dict | None = None) -> Path:
     """BackendSpec.export: `weights` as a Hugging Face folder `out` with the run's model config,
-    generation config and tokenizer (rtpo.llm.export.write_hf_folder)."""
-    from rtpo.llm.export import write_hf_folder
+    generation config and tokenizer (rtpo.llm.hf_folder.write_hf_folder)."""
+    from rtpo.llm.hf_folder import write_hf_folder
 
     return write_hf_folder(_model_dir(cfg), weights, out, manifest)
 
@@ -379,7 +379,7 @@ _BYTES_PER_SAMPLED_TURN = 2048
 
 
 def memory_estimate(cfg) -> list[tuple[str, int]]:
-    """A lower bound of one iteration's sampled turns, by the key driving it (rtpo.backends.rollout_memory)."""
+    """A lower bound of one iteration's sampled turns, by the key driving it (rtpo.scenario.backends.rollout_memory)."""
     return [rollout_memory(cfg, cfg.task.num_turns, _BYTES_PER_SAMPLED_TURN)]
 
 

@@ -656,11 +656,11 @@ class FSDPLearner:
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path | None:
         """An HF-format model folder (config, safetensors, tokenizer, generation config) of the current
-        weights, loadable by vLLM and transformers (rtpo.llm.export.write_hf_folder); rank 0 returns it."""
+        weights, loadable by vLLM and transformers (rtpo.llm.hf_folder.write_hf_folder); rank 0 returns it."""
         weights = self.weights()
         if self.rank != 0:
             return None
-        from rtpo.llm.export import write_hf_folder
+        from rtpo.llm.hf_folder import write_hf_folder
 
         return write_hf_folder(self.model_path, weights, out_dir)
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtpo.llm.sections import SandboxSection
-from rtpo.schema import BackendConfig, ConfigError, pydantic_error
+from rtpo.scenario.schema import BackendConfig, ConfigError, pydantic_error
 
 
 class LLMBackendConfig(BackendConfig):
@@ -67,7 +67,7 @@ class LLMBackendConfig(BackendConfig):
 
 
 class FieldsSection(BaseModel):
-    """`task.fields`: where a record keeps each value, when its columns differ from the layout's (rtpo.data)."""
+    """`task.fields`: where a record keeps each value, when its columns differ from the layout's (rtpo.llm.data_files)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     question: str | None = Field(

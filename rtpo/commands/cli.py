@@ -5,12 +5,12 @@
     rtpo solve SCENARIO [key=value ...]
     rtpo plan SCENARIO [key=value ...] [--hardware NAME|FILE] [--assume KEY=VALUE ...] [--json]
     rtpo eval TARGET [key=value ...] [--samples N] [--k 1,4,8] [--queries Q|all] [--split eval|train]
-              [--seed S] [--threshold T] [--out FILE]      (rtpo.eval.main)
-    rtpo export RUN [--iter N] OUT                           (rtpo.export)
+              [--seed S] [--threshold T] [--out FILE]      (rtpo.commands.eval.main)
+    rtpo export RUN [--iter N] OUT                           (rtpo.commands.export)
     rtpo verify ...      (rtpo.verify.cli.main)
     rtpo compare ...     (rtpo.compare.main)
 
-Bad input is one line on stderr and exit status 2 (rtpo.cliutil, which every command uses).
+Bad input is one line on stderr and exit status 2 (rtpo.commands.common, which every command uses).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from rtpo.cliutil import USAGE_ERROR, OneLineParser, add_plugin_option, fail
+from rtpo.commands.common import USAGE_ERROR, OneLineParser, add_plugin_option, fail
 
 
 def _fail(message: str) -> int:
@@ -103,7 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="the plan as JSON")
     add_plugin_option(plan)
     sub.add_parser(
-        "eval", help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy (rtpo.eval)", add_help=False
+        "eval",
+        help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy (rtpo.commands.eval)",
+        add_help=False,
     )
     exp = sub.add_parser(
         "export",
@@ -146,9 +148,9 @@ def _dispatch(module: str, argv: list[str]) -> int:
 
 
 def _cmd_run(ns: argparse.Namespace) -> int:
-    from rtpo.config import ConfigError, load_scenario
-    from rtpo.run import run_scenario
-    from rtpo.trackers import TrackerError
+    from rtpo.rundir.runner import run_scenario
+    from rtpo.rundir.trackers import TrackerError
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     scenario, overrides = _split_scenario(ns.args)
     try:
@@ -194,8 +196,8 @@ def _cmd_run(ns: argparse.Namespace) -> int:
 
 
 def _cmd_solve(ns: argparse.Namespace) -> int:
-    from rtpo.backends import get_backend
-    from rtpo.config import ConfigError, load_scenario
+    from rtpo.scenario.backends import get_backend
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     scenario, overrides = _split_scenario(ns.args)
     if scenario is None:
@@ -230,8 +232,8 @@ def _cmd_plan(ns: argparse.Namespace) -> int:
 
 
 def _cmd_export(ns: argparse.Namespace) -> int:
-    from rtpo.config import ConfigError
-    from rtpo.export import export_run
+    from rtpo.commands.export import export_run
+    from rtpo.scenario.load import ConfigError
 
     try:
         out = export_run(ns.run, ns.out, ns.iter)
@@ -244,8 +246,9 @@ def _cmd_export(ns: argparse.Namespace) -> int:
 def _cmd_config(ns: argparse.Namespace) -> int:
     import json
 
-    from rtpo import configdoc, plugins
-    from rtpo.config import ConfigError, load_scenario
+    from rtpo.scenario import docs as configdoc
+    from rtpo.scenario import plugins
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     if ns.config_command == "schema":
         try:
@@ -273,7 +276,7 @@ def shipped_scenarios() -> list[tuple[str, str]]:
     ]
     root = Path("scenarios")
     if not root.is_dir():
-        root = Path(__file__).resolve().parents[1] / "scenarios"
+        root = Path(__file__).resolve().parents[2] / "scenarios"
     for p in sorted(root.glob("*/*.yaml")) if root.is_dir() else []:
         out.append((str(p), _first_comment(p.read_text(errors="replace"))))
     return out
@@ -295,9 +298,9 @@ def _cmd_scenarios() -> int:
 
 
 def _cmd_plot(ns: argparse.Namespace) -> int:
-    from rtpo.checkpoint import CONFIG, read_metrics
-    from rtpo.config import ConfigError, load_scenario
-    from rtpo.plots import run_curves
+    from rtpo.rundir.checkpoint import CONFIG, read_metrics
+    from rtpo.rundir.plots import run_curves
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     groups: dict[str, list[list[dict]]] = {}
     for run in ns.runs:
@@ -327,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "compare":
         return _dispatch("rtpo.compare", argv[1:])
     if argv and argv[0] == "eval":
-        return _dispatch("rtpo.eval", argv[1:])
+        return _dispatch("rtpo.commands.eval", argv[1:])
     parser = _parser()
     # `rtpo run FILE --out D key=val`: overrides may follow the options, as `rtpo compare` accepts
     ns, extra = parser.parse_known_args(argv)

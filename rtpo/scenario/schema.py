@@ -1,8 +1,8 @@
 """The scenario schema: section models, the one-line ConfigError, YAML reading and validation helpers.
 
 Everything here is below the backends: a backend's config section and task parser build on these pieces,
-and rtpo.config (which parses a whole scenario by looking its backend and method up in their
-registries) builds on them and on the backends.  Import from rtpo.config in user code; it re-exports
+and rtpo.scenario.load (which parses a whole scenario by looking its backend and method up in their
+registries) builds on them and on the backends.  Import from rtpo.scenario.load in user code; it re-exports
 these names.
 """
 
@@ -212,13 +212,13 @@ class LoggingConfig(Section):
     trackers: tuple[str, ...] = Field(
         ("jsonl",),
         description="experiment trackers fed the same record as metrics.jsonl, all local/offline "
-        "(rtpo.trackers: jsonl, tensorboard, wandb, trackio, mlflow; each but jsonl is an extra: pip install 'rtpo[wandb]')",
+        "(rtpo.rundir.trackers: jsonl, tensorboard, wandb, trackio, mlflow; each but jsonl is an extra: pip install 'rtpo[wandb]')",
     )
 
     @field_validator("trackers", mode="before")
     @classmethod
     def _known_trackers(cls, v: Any) -> Any:
-        from rtpo.trackers import TRACKERS
+        from rtpo.rundir.trackers import TRACKERS
 
         if isinstance(v, str):
             v = (v,)
@@ -255,7 +255,7 @@ class ScenarioConfig(BaseModel):
     name: str = Field(description="scenario name (first part of the run folder name)")
     seed: int = Field(0, description="seed of the run's numpy generator and of parameter init")
     plugins: tuple[str, ...] = Field(
-        (), description="modules imported before the scenario is read (rtpo.plugins; --plugin adds to it)"
+        (), description="modules imported before the scenario is read (rtpo.scenario.plugins; --plugin adds to it)"
     )
     backend: Any = Field(description="backend section (a BackendConfig subclass chosen by kind)")
     task: Any = Field(description="task section, typed by the backend")

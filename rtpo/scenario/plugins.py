@@ -1,6 +1,6 @@
 """Plugins: user modules that register methods, estimators, tasks, tools or backends by importing.
 
-Two ways in, both loaded before a scenario is validated (rtpo.config), so a plugin's names are valid
+Two ways in, both loaded before a scenario is validated (rtpo.scenario.load), so a plugin's names are valid
 wherever a scenario is read — `rtpo run`, `rtpo eval` of a run folder, `rtpo run --resume`, `rtpo compare`
 and its worker processes:
 
@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from rtpo.core import registry
-from rtpo.schema import ConfigError, _fmt_input
+from rtpo.scenario.schema import ConfigError, _fmt_input
 
 ENTRY_POINT_GROUP = "rtpo.plugins"
 DISABLE_ENV = "RTPO_DISABLE_PLUGIN_AUTOLOAD"

@@ -17,8 +17,8 @@ from rtpo.core.methods import RunContext
 from rtpo.core.registry import Registry
 
 if TYPE_CHECKING:
-    from rtpo.evaluation import SampledEval
-    from rtpo.schema import ScenarioConfig
+    from rtpo.core.sampled_eval import SampledEval
+    from rtpo.scenario.schema import ScenarioConfig
 
 
 @dataclass
@@ -40,7 +40,7 @@ class BuiltBackend:
     value_key:          the evaluate() metric that is the policy's value (plotted, summarised).
     optimum_key:        the evaluate() metric holding the exact optimum, if the backend knows one.
     reference_keys:     further evaluate() metrics drawn as horizontal lines on the learning curve.
-    sampled_eval:       optional rtpo.evaluation.SampledEval: the eval environments, the policy at evaluation
+    sampled_eval:       optional rtpo.core.sampled_eval.SampledEval: the eval environments, the policy at evaluation
                         sampling settings and those settings, for `rtpo eval` (Pass@k and friends).
     """
 
@@ -59,7 +59,7 @@ class BuiltBackend:
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """config:     the backend section's pydantic model (a rtpo.config.BackendConfig subclass).
+    """config:     the backend section's pydantic model (a rtpo.scenario.load.BackendConfig subclass).
     parse_task:    raw `task` mapping -> typed task section (raises ConfigError naming `task.<key>`);
                    the returned object has to_dict() giving back plain data.
     build:         (ScenarioConfig) -> BuiltBackend.
@@ -168,7 +168,7 @@ def extra_for(module: str | None) -> str | None:
 def build_backend(cfg: ScenarioConfig) -> BuiltBackend:
     """`get_backend(cfg.backend.kind).build(cfg)`; a package of an rtpo extra that is not installed is a
     one-line ConfigError naming the extra (`pip install 'rtpo[llm]'`), not an import traceback."""
-    from rtpo.schema import ConfigError
+    from rtpo.scenario.schema import ConfigError
 
     try:
         return get_backend(cfg.backend.kind).build(cfg)
