@@ -148,8 +148,9 @@ def write_demonstrations(records: list[dict], out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rtpo.config import ConfigError, load_scenario
     from rtpo.llm.build import build_env
+    from rtpo.scenario.load import load_scenario
+    from rtpo.scenario.schema import ConfigError
 
     ap = argparse.ArgumentParser(prog="python -m rtpo.llm.gold", description=__doc__.split("\n\n")[0])
     ap.add_argument("scenario")

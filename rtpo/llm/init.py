@@ -17,7 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
-from rtpo.schema import ConfigError
+from rtpo.scenario.schema import ConfigError
 
 # the config.json keys that make two models the same architecture and vocabulary
 _SAME = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
@@ -47,8 +47,8 @@ def _check_same(init: Path, base: Path) -> None:
 def _export(run: Path, latest: Path, base: Path, out: Path) -> None:
     """The run's checkpoint `latest`, verified as a resume verifies it, as an HF folder `out` with base's
     config and tokenizer (what `rtpo export` writes)."""
-    from rtpo import checkpoint
     from rtpo.llm.export import write_hf_folder
+    from rtpo.rundir import checkpoint
 
     state = checkpoint.read_checkpoint(latest)
     weights = checkpoint.model_weights(latest, state)
@@ -61,7 +61,7 @@ def _export(run: Path, latest: Path, base: Path, out: Path) -> None:
 
 def resolve_init(init: str, base: Path, cache: Path) -> Path:
     """The model folder a run with `backend.init: init` starts from (see the module docstring)."""
-    from rtpo import checkpoint
+    from rtpo.rundir import checkpoint
 
     p = Path(init)
     if (p / "config.json").is_file():

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None
 
 import torch  # noqa: E402
 
-from rtpo import checkpoint, cli  # noqa: E402
-from rtpo.metrics import reproducible  # noqa: E402
+from rtpo.commands import cli  # noqa: E402
+from rtpo.core.metrics import reproducible  # noqa: E402
+from rtpo.rundir import checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "llm" / "tiny-cpu-math-sft.yaml"
@@ -136,7 +137,7 @@ def _init_weights(cfg) -> dict[str, torch.Tensor]:
 
 
 def test_rl_starts_from_the_sft_run_folder_and_its_export(setup):
-    from rtpo.config import load_scenario
+    from rtpo.scenario.load import load_scenario
 
     run = setup["full"]
     sft = _weights(run)
