@@ -219,6 +219,7 @@ FLOORS = {
     "rtpo.scenario": 3,
     "rtpo.rundir": 3,
     "rtpo.tabular.gym_env": 3,  # a Gymnasium env built from a scenario file: it loads one
+    "rtpo.plan": 3,  # `rtpo plan`'s cost model: reads the backends' sections; the runner asks it check_fits
     # 4: the commands and the Python API
     "rtpo.commands": 4,
     "rtpo.compare": 4,

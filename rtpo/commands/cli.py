@@ -216,8 +216,8 @@ def _cmd_solve(ns: argparse.Namespace) -> int:
 def _cmd_plan(ns: argparse.Namespace) -> int:
     import json
 
-    from rtpo.config import ConfigError, load_scenario
     from rtpo.plan import Assumptions, plan, render
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     scenario, overrides = _split_scenario(ns.args)
     if scenario is None:
