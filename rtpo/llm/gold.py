@@ -1,7 +1,7 @@
-"""Gold trajectories (demonstrations for rtpo.llm.sft) for the three task families, written by stepping the
+"""Gold trajectories (demonstrations for rtpo.llm.sft; the command is rtpo.commands.gold) for the three task families, written by stepping the
 scenario's own environment, so every tool result, retrieval and user reply in them is a real one.
 
-    python -m rtpo.llm.gold SCENARIO --out FILE [--imperfect 0.15] [--seed 0] [key=value ...]
+    python -m rtpo.commands.gold SCENARIO --out FILE [--imperfect 0.15] [--seed 0] [key=value ...]
 
 - math with the Python tool (task.kind arithmetic): the policy calls python with the problem's expression,
   reads the sandbox's output and answers it in \\boxed{}.
@@ -18,10 +18,8 @@ digit of its output changed in the answer); the other families document theirs i
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -145,35 +143,3 @@ def write_demonstrations(records: list[dict], out: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    from rtpo.llm.build import build_env
-    from rtpo.scenario.load import load_scenario
-    from rtpo.scenario.schema import ConfigError
-
-    ap = argparse.ArgumentParser(prog="python -m rtpo.llm.gold", description=__doc__.split("\n\n")[0])
-    ap.add_argument("scenario")
-    ap.add_argument("overrides", nargs="*", help="key=value scenario overrides")
-    ap.add_argument("--out", required=True, help="the JSONL file to write")
-    ap.add_argument("--imperfect", type=float, default=0.15, help="share of imperfect trajectories")
-    ap.add_argument("--seed", type=int, default=0, help="which problems get an imperfect trajectory")
-    args = ap.parse_args(argv)
-    try:
-        if not 0.0 <= args.imperfect <= 1.0:
-            raise ConfigError(f"--imperfect must be in [0, 1], got {args.imperfect}")
-        cfg = load_scenario(args.scenario, args.overrides)
-        writer = family_writer(cfg.task.kind)
-        env = build_env(cfg, "train")
-        records = writer(env, imperfect=args.imperfect, seed=args.seed)
-    except (ConfigError, ValueError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    path = write_demonstrations(records, args.out)
-    bad = sum(r["quality"] == "imperfect" for r in records)
-    print(f"{path}: {len(records)} demonstrations, {bad} imperfect")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

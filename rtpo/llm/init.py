@@ -47,7 +47,7 @@ def _check_same(init: Path, base: Path) -> None:
 def _export(run: Path, latest: Path, base: Path, out: Path) -> None:
     """The run's checkpoint `latest`, verified as a resume verifies it, as an HF folder `out` with base's
     config and tokenizer (what `rtpo export` writes)."""
-    from rtpo.llm.export import write_hf_folder
+    from rtpo.llm.hf_folder import write_hf_folder
     from rtpo.rundir import checkpoint
 
     state = checkpoint.read_checkpoint(latest)

@@ -1,5 +1,5 @@
 """`method: sft` as a run: scenarios/llm/tiny-cpu-math-sft.yaml shrunk (HF engine, the 512-token BPE,
-4 problems, 4 one-step iterations), its gold file written by `python -m rtpo.llm.gold` with the real
+4 problems, 4 one-step iterations), its gold file written by `python -m rtpo.commands.gold` with the real
 sandbox.  Checked: the usual run folder (metrics with sft/nll, DCP checkpoints, provenance, export);
 a run SIGKILLed once checkpoints exist resumes to the unbroken run's metrics and weights bit for bit;
 an RL scenario starts from the SFT run folder, or from its exported HF folder, with the SFT weights
@@ -61,7 +61,7 @@ def _only_run(out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict:
-    from rtpo.llm import gold
+    from rtpo.commands import gold
 
     root = tmp_path_factory.mktemp("sft")
     models = root / "models"
