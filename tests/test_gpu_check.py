@@ -58,6 +58,12 @@ def test_gpu_check_dry_run_writes_its_json(tmp_path):
         abs(r - 1) < 1e-3 for r in it["consistency_rollout_train_ratio"]
     )
     assert "available" in got["plan"]
+    if got["plan"]["available"]:  # rtpo plan's predictions beside the measurements
+        rows = {r["quantity"]: r for r in got["plan_vs_measured"]}
+        gen_tokens = rows["generated tokens"]
+        # the plan's default episode shape is the upper bound (every turn, every token)
+        assert gen_tokens["predicted"] >= gen_tokens["measured"] > 0, gen_tokens
+        assert rows["iteration s"]["measured"] == it["seconds"]
     assert "learner / plain time" in mod.summary(got)
 
 

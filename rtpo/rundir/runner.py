@@ -420,7 +420,7 @@ def _run_loop(
     ctx = built.ctx
     if state is not None:
         prog = _restore(state, built)
-        method.load_state_dict(prog.method_state)
+        method.load_checkpoint_state(prog.method_state)
         checkpoint.discard_uncommitted(run_dir)
         truncate_metrics(run_dir, prog.metric_lines)
     else:
@@ -525,7 +525,7 @@ def _run_loop(
                 if checkpoint_due and run_dir is not None:
                     saved_elapsed = prog.elapsed_s
                     prog.elapsed_s = saved_elapsed + time.perf_counter() - start
-                    prog.method_state = method.state_dict()
+                    prog.method_state = method.checkpoint_state()
                     _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
                     for t in trackers:  # what a resume will not run again may now go out
@@ -544,7 +544,7 @@ def _run_loop(
         for t in trackers:
             t.close()
     prog.elapsed_s += time.perf_counter() - start
-    prog.method_state = method.state_dict()
+    prog.method_state = method.checkpoint_state()
     if run_dir is None:
         metrics = in_memory
     else:
