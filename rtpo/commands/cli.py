@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         "args",
         nargs="*",
         metavar="[SCENARIO] [key=value ...]",
-        help="scenario YAML file, then overrides such as method.G=6 budget.iterations=10",
+        help="a scenario file or a shipped scenario's name (rtpo scenarios), then overrides such as method.G=6",
     )
     run.add_argument(
         "--resume",
@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     add_plugin_option(show)
     schema = cfg_sub.add_parser("schema", help="JSON Schema of scenario files (every method, backend and task kind)")
     add_plugin_option(schema)
-    sub.add_parser("scenarios", help="the shipped scenarios, one line each")
+    sub.add_parser("scenarios", help="the shipped scenarios: name, file, what it is (rtpo run NAME runs one)")
     plot = sub.add_parser("plot", help="learning curves of existing run folders (mean and band over seeds)")
     plot.add_argument(
         "runs", nargs="+", metavar="RUN", help="run folders written by `rtpo run` (seeds of one method group)"
@@ -270,19 +270,13 @@ def _cmd_config(ns: argparse.Namespace) -> int:
     return 0
 
 
-def shipped_scenarios() -> list[tuple[str, str]]:
-    """(path, first comment line) of the embedded default and of every file under ./scenarios."""
-    from importlib import resources
+def shipped_scenarios() -> list[tuple[str, str, str]]:
+    """(name, where it lives, first comment line) of every scenario shipped in the package, the embedded
+    default (what `rtpo run` with no scenario runs) first."""
+    from rtpo.scenario.shipped import DEFAULT, shipped
 
-    out = [
-        ("default (embedded)", _first_comment(resources.files("rtpo").joinpath("scenarios/default.yaml").read_text()))
-    ]
-    root = Path("scenarios")
-    if not root.is_dir():
-        root = Path(__file__).resolve().parents[2] / "scenarios"
-    for p in sorted(root.glob("*/*.yaml")) if root.is_dir() else []:
-        out.append((str(p), _first_comment(p.read_text(errors="replace"))))
-    return out
+    found = sorted(shipped(), key=lambda s: (s.qualified != DEFAULT, s.kind, s.name))
+    return [(s.name, str(s.path), _first_comment(s.path.read_text(errors="replace"))) for s in found]
 
 
 def _first_comment(text: str) -> str:
@@ -293,10 +287,12 @@ def _first_comment(text: str) -> str:
 
 
 def _cmd_scenarios() -> int:
+    """NAME  FILE  first comment line, one scenario a line: `rtpo run NAME` runs FILE."""
     rows = shipped_scenarios()
-    width = max(len(p) for p, _ in rows)
-    for path, doc in rows:
-        print(f"{path:<{width}}  {doc}")
+    w_name = max(len(n) for n, _, _ in rows)
+    w_path = max(len(p) for _, p, _ in rows)
+    for name, path, doc in rows:
+        print(f"{name:<{w_name}}  {path:<{w_path}}  {doc}".rstrip())
     return 0
 
 
