@@ -292,7 +292,7 @@ def test_a_damaged_or_foreign_sharded_checkpoint_is_refused(runs, tmp_path, caps
 
 def test_same_size_damage_to_any_shard_file_is_refused_by_resume_eval_and_export(runs, tmp_path, capsys):
     """Sizes alone used to vouch for the shards: 64 flipped bytes inside the tensor data were resumed
-    from and exported silently (weights off by 1.8e4).  Every file's sha256 is recorded now and checked on
+    from and exported silently (weights off by 1.8e4).  Every file's xxh3_128 digest is recorded now and checked on
     every read: a flip in the middle, a shard of random bytes and a `.metadata` of random bytes, each of
     the file's own size, are one line naming the file for `rtpo run --resume`, `rtpo eval` and `rtpo
     export`, and nothing is touched.  Mutant: skip the digest comparison in read_checkpoint and the flip
@@ -328,8 +328,8 @@ def test_same_size_damage_to_any_shard_file_is_refused_by_resume_eval_and_export
         assert after == before, "a refused read changed the run folder"
         assert not (tmp_path / f"hf-{name}-{damage}").exists()
     state = checkpoint.read_checkpoint(checkpoint.latest_path(runs["one"]))
-    digests = state["learner"]["sha256"]
-    assert sorted(digests) == [".metadata", "__0_0.distcp"] and all(len(h) == 64 for h in digests.values())
+    digests = state["learner"][checkpoint.DIGEST]
+    assert sorted(digests) == [".metadata", "__0_0.distcp"] and all(len(h) == 32 for h in digests.values())
 
 
 def test_a_run_in_the_older_pickled_format_still_resumes(runs, tmp_path, monkeypatch):
