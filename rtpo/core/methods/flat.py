@@ -20,7 +20,7 @@ import numpy as np
 from rtpo.core import estimators
 from rtpo.core.loss import Aggregation, LossConfig, RatioLevel
 from rtpo.core.methods.base import IterationState, Method, RunContext, UpdateConfig
-from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
+from rtpo.core.train import rollout_train_ratio, turn_rows
 from rtpo.core.types import Ragged, Rollouts, Trajectory, TurnBatch, discounted_return
 
 TRAIN_CONTEXTS = ("auto", "rollout", "full_history")
@@ -185,7 +185,7 @@ class GroupRelative(Method):
         """The flattened PPO update on these paths with one advantage each (Eq. 9), metrics added."""
         batch = flat_batch(paths, adv, self.cfg.train_context)
         metrics.update(rollout_train_ratio(ctx.learner, batch))
-        metrics.update(ppo_update(ctx.learner, batch, self.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng))
+        metrics.update(self.ppo(ctx, batch, self.loss()))
         return metrics
 
     def rollouts_per_query(self, num_turns: int) -> float:
