@@ -104,8 +104,14 @@ def _model_dir(cfg: ScenarioConfig) -> Path:
     if cfg.train.optimizer != "adam":
         raise ConfigError(f"train.optimizer: the LLM learner uses AdamW ('adam'), got {cfg.train.optimizer!r}")
     if b.model == "tiny-random":
-        return tiny_random_model(b.model_cache, cfg.seed, b.tiny_tokenizer, b.tiny_init_std)
-    return check_model_dir(b.model)
+        base = tiny_random_model(b.model_cache, cfg.seed, b.tiny_tokenizer, b.tiny_init_std)
+    else:
+        base = check_model_dir(b.model)
+    if b.init is None:
+        return base
+    from rtpo.llm.init import resolve_init
+
+    return resolve_init(b.init, base, Path(b.model_cache))
 
 
 @dataclass(frozen=True)
@@ -119,15 +125,15 @@ class _RolloutSide:
     engine: Any
 
 
-def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSide:
+def _env_maker(cfg: ScenarioConfig, model_dir: Path) -> tuple[Any, list, list]:
+    """make_env(task, which) of the scenario, and the two lists it shares with the engine built later:
+    the engine (once built) and the environments waiting for it (an engine-written summary)."""
     from rtpo.llm.chat import load_qwen3_tokenizer
-    from rtpo.llm.engines import SamplingConfig
     from rtpo.llm.env import LLMEnv
 
     b: LLMBackendConfig = cfg.backend
     task: LLMTaskConfig = cfg.task
     tokenizer = load_qwen3_tokenizer(str(model_dir))
-    train_task = load_task(task, "train")
 
     limit = context_limit(task, b)
     from rtpo.llm.search import QA_KINDS, build_retriever, qa_env_kwargs
@@ -181,8 +187,31 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
         from rtpo.llm.airline.build import airline_env_factory
 
         make_env = airline_env_factory(task, tokenizer, limit, model_dir, b.max_model_len)
-    env = make_env(train_task, "train")
+    return make_env, engines, pending
+
+
+def build_env(cfg: ScenarioConfig, which: str = "train") -> Any:
+    """The scenario's training (or eval) environment alone: no engine, no learner (rtpo.llm.gold writes
+    demonstrations with it; an engine-written summary is not available here)."""
+    make_env, _, _ = _env_maker(cfg, _model_dir(cfg))
+    return make_env(load_task(cfg.task, which), which)
+
+
+def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSide:
+    from rtpo.llm.engines import SamplingConfig
+
+    b: LLMBackendConfig = cfg.backend
+    make_env, engines, pending = _env_maker(cfg, model_dir)
+    env = make_env(load_task(cfg.task, "train"), "train")
     train_task = env.task  # without any dropped problems
+    num_queries = len(train_task)
+    if cfg.method.name == "sft":  # supervised fine-tuning: the demonstrations, rendered by this very env
+        from rtpo.llm.sft import DemonstrationError, attach
+
+        try:
+            num_queries = len(attach(env, cfg.method.config.data))
+        except DemonstrationError as e:
+            raise ConfigError(f"method.data: {e}") from None
     stop = tuple(sorted(env.chat.stop_ids))
     sampling = SamplingConfig(temperature=b.temperature, top_p=b.top_p, max_tokens=b.max_tokens, stop_token_ids=stop)
     if b.engine == "vllm":
@@ -226,7 +255,7 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
     engines.append(engine)
     for e in pending:
         e.summarizer.engine = engine
-    return _RolloutSide(make_env=make_env, env=env, num_queries=len(train_task), stop=stop, engine=engine)
+    return _RolloutSide(make_env=make_env, env=env, num_queries=num_queries, stop=stop, engine=engine)
 
 
 def _device(b: LLMBackendConfig) -> str:
