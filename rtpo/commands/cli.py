@@ -21,7 +21,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from rtpo.commands.common import USAGE_ERROR, OneLineParser, add_plugin_option, fail
+from rtpo.commands.common import USAGE_ERROR, OneLineParser, add_plugin_option, fail, one_line
 
 
 def _fail(message: str) -> int:
@@ -154,7 +154,7 @@ def _dispatch(module: str, argv: list[str]) -> int:
 
 
 def _cmd_run(ns: argparse.Namespace) -> int:
-    from rtpo.rundir.runner import run_scenario
+    from rtpo.rundir.runner import RunWriteError, TrainingDiverged, run_scenario
     from rtpo.rundir.trackers import TrackerError
     from rtpo.scenario.load import ConfigError, load_scenario
 
@@ -186,6 +186,9 @@ def _cmd_run(ns: argparse.Namespace) -> int:
             result = run_scenario(cfg, out_root=Path(ns.out), progress=not ns.no_progress, verbose=ns.verbose)
     except (ConfigError, TrackerError) as e:
         return _fail(str(e))
+    except (TrainingDiverged, RunWriteError) as e:  # not bad input: the run itself failed, state kept
+        print(f"rtpo: error: {one_line(e)}", file=sys.stderr, flush=True)
+        return 1
     s = result.summary
     if s["stopped_by"] == "interrupted":
         print(f"interrupted; resume with: rtpo run --resume {result.run_dir}", file=sys.stderr, flush=True)

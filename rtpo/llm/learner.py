@@ -364,7 +364,7 @@ class FSDPLearner:
         """
         if rows.size == 0:  # dummy pass: same collectives as a real one, zero contribution
             ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
-            return model(input_ids=ids).logits.sum()[None] * 0.0
+            return model(input_ids=ids, use_cache=False).logits.sum()[None] * 0.0
         ctx = batch.contexts.take(rows)
         rsp = batch.tokens.take(rows)
         seq = Ragged.concat([ctx, rsp])  # rows 0..B-1 contexts, B..2B-1 responses
@@ -382,7 +382,11 @@ class FSDPLearner:
         position = (attention.cumsum(-1) - 1).clamp(min=0)
         r_max = int(rsp.lengths.max())
         logits = model(
-            input_ids=input_ids, attention_mask=attention, position_ids=position, logits_to_keep=r_max + 1
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=position,
+            logits_to_keep=r_max + 1,
+            use_cache=False,  # a training pass: no KV cache (its copies cost ~3% of an H200 step, bench/gpu_check.json)
         ).logits[:, :-1]  # (b, r_max, V): predicts the last r_max
         logits = logits.float() / self.cfg.temperature
         target = torch.as_tensor(ids[:, width - r_max :], device=self.device)
