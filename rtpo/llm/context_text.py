@@ -15,8 +15,8 @@ A context is token ids.  Two kinds of text become ids:
 Text with no forged marker encodes to exactly the ids the tokenizer gives the rendered conversation
 (`tokenizer.encode(apply_chat_template(...))`): encoding stops and restarts only at trusted markers,
 where the tokenizer splits anyway.  `ContextEncoder.for_tokenizer` builds one encoder per tokenizer
-(the added-token-free twin costs ~0.6 s for the 151k-token Qwen3 vocabulary) and keeps it while the
-tokenizer lives.
+(the added-token-free twin is the tokenizer's JSON read once more) and keeps it while the tokenizer
+lives.
 
 Owns: ContextEncoder.  Imports: numpy, tokenizers (through the tokenizer it is given).
 """
