@@ -69,6 +69,10 @@ class ContextEncoder:
                 enc = _ENCODERS[tokenizer] = cls(tokenizer)
             return enc
 
+    def __reduce__(self):
+        # pickled as its tokenizer (a chat or environment already carries it): the twin is rebuilt on load
+        return (ContextEncoder.for_tokenizer, (self.tokenizer,))
+
     def untrusted(self, text: str) -> np.ndarray:
         """Ids of untrusted text: never an added token, whatever the text spells."""
         return np.asarray(self._plain.encode(str(text), add_special_tokens=False).ids, dtype=np.int64)
