@@ -78,9 +78,9 @@ def _graph() -> dict[str, set[str]]:
     """Importing the backend registry may import its providers (lazily, by name: rtpo.backends._PROVIDERS),
     so a module that imports rtpo.backends depends on them too — except the providers themselves, which
     import the registry only to register with it."""
-    from rtpo.backends import _PROVIDERS
+    from rtpo.backends import _EXTENSIONS, _PROVIDERS
 
-    providers = set(_PROVIDERS.values())
+    providers = set(_PROVIDERS.values()) | {m for mods in _EXTENSIONS.values() for m in mods}
     graph = {m: _imports(m, p) for m, p in MODULES.items()}
     for m, targets in graph.items():
         if "rtpo.backends" in targets and m not in providers:
