@@ -513,7 +513,7 @@ def format_warm_start(
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     model.eval()
     return losses
 
