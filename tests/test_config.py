@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rtpo.cli import main
-from rtpo.config import ConfigError, default_scenario_text, load_scenario, parse_scenario, parse_yaml
+from rtpo.commands.cli import main
+from rtpo.scenario.load import ConfigError, default_scenario_text, load_scenario, parse_scenario, parse_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios" / "tabular").glob("*.yaml"))

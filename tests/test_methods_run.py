@@ -164,9 +164,10 @@ def test_tree_grpo_paths_share_their_parents_prefix():
 
 def test_arpo_branches_fill_the_budget_and_keep_prefixes():
     mdp = tool_chain(num_turns=4, num_actions=3, seed=0)
-    # alpha = 1: P = 1 at every boundary -> every initial rollout branches at boundary 1 (after turn 0)
+    # tau = 1 (the stochastic rule's threshold): P = 1 at every boundary -> every initial rollout
+    # branches at boundary 1 (after turn 0)
     _, _, ctx = stack(mdp, seed=6)
-    a = make("arpo", M=8, N=3, alpha=1.0, beta=0.0)
+    a = make("arpo", M=8, N=3, tau=1.0, beta=0.0)
     state = a.begin(ctx, np.arange(2))
     paths = state.data.paths
     assert len(paths) == 16 and ctx.budget.rollouts == 16
@@ -175,9 +176,9 @@ def test_arpo_branches_fill_the_budget_and_keep_prefixes():
     assert len(branched) == 6
     for p in branched:
         assert p[0][0].start_turn == 0 and p[-1][0].start_turn == 1 and len(p) == 4
-    # alpha = 0 (and beta = 0): never branch, the budget is filled with fresh rollouts
+    # tau = 0 (and beta = 0): never branch, the budget is filled with fresh rollouts
     _, _, ctx = stack(mdp, seed=6)
-    state = make("arpo", M=8, N=3, alpha=0.0, beta=0.0).begin(ctx, np.arange(2))
+    state = make("arpo", M=8, N=3, tau=0.0, beta=0.0).begin(ctx, np.arange(2))
     assert state.data.metrics["arpo/branches_per_query"] == 0.0
     assert all(p[0][0] is p[-1][0] for p in state.data.paths) and len(state.data.paths) == 16
     # paths of one query are contiguous, M per query

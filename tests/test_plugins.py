@@ -1,4 +1,4 @@
-"""Plugins (rtpo.plugins): a user's registered names work in `rtpo run`, `rtpo eval` of the run folder,
+"""Plugins (rtpo.scenario.plugins): a user's registered names work in `rtpo run`, `rtpo eval` of the run folder,
 `--resume` and `rtpo compare`, whether the plugin comes by `--plugin MODULE` (recorded in config.yaml)
 or as an installed distribution's `rtpo.plugins` entry point; a plugin that cannot load is one line, exit 2.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rtpo import plugins
-from rtpo.config import ConfigError, default_scenario_text, load_scenario, parse_scenario
+from rtpo.scenario import plugins
+from rtpo.scenario.load import ConfigError, default_scenario_text, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "rtpo-plugin-example"
@@ -192,6 +192,50 @@ def test_plugin_that_fails_is_named(tmp_path, monkeypatch):
             load_scenario(None, plugins=[name])
         assert message in str(e.value) and "\n" not in str(e.value)
         assert name not in plugins.loaded()
+
+
+def test_plugin_that_exits_or_registers_then_raises_leaves_nothing(tmp_path, monkeypatch):
+    """sys.exit at import is a one-line ConfigError (not the end of the process), and a plugin that
+    registers a method, an estimator and a backend and then raises leaves none of them registered: the
+    next scenario naming them is told the name is unknown, and the real entries they replaced are back.
+    Mutant: without rtpo.core.registry.rollback_failed_import the method 's27_half' stays valid."""
+    from rtpo.core.estimators import ESTIMATORS
+    from rtpo.core.methods import METHODS
+    from rtpo.scenario.backends import BACKENDS
+
+    (tmp_path / "s27_exits.py").write_text("import sys\nsys.exit(3)\n")
+    (tmp_path / "s27_half.py").write_text(
+        "from rtpo.scenario.backends import BACKENDS, BackendSpec, register_backend\n"
+        "from rtpo.core.estimators import ESTIMATORS\n"
+        "from rtpo.core.methods import METHODS, register_method\n"
+        "from rtpo.core.methods.rtpo import RTPO\n"
+        "class Half(RTPO):\n    pass\n"
+        "register_method('s27_half')(Half)\n"
+        "def est(*a, **k):\n    return 0\n"
+        "ESTIMATORS.register('s27_est')(est)\n"
+        "register_backend('s27_backend', BackendSpec(config=None, parse_task=None, build=None))\n"
+        "METHODS._items['grpo'] = Half  # replaces a built-in entry, then fails\n"
+        "raise RuntimeError('after registering')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    grpo = METHODS.get("grpo")
+    for name, message in {
+        "s27_exits": "plugin 's27_exits' failed to import: SystemExit: 3",
+        "s27_half": "plugin 's27_half' failed to import: RuntimeError: after registering",
+    }.items():
+        with pytest.raises(ConfigError) as e:
+            load_scenario(None, plugins=[name])
+        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+        assert name not in plugins.loaded() and name not in sys.modules
+    left = [n for n in ("s27_half",) if n in METHODS] + [n for n in ("s27_est",) if n in ESTIMATORS]
+    left += [n for n in ("s27_backend",) if n in BACKENDS]
+    assert left == [], f"a plugin whose import raised left {left} registered"
+    assert METHODS.get("grpo") is grpo, "the built-in entry the failed plugin replaced was not put back"
+    with pytest.raises(ConfigError, match="unknown method 's27_half'"):
+        load_scenario(None, ["method.name=s27_half"])
+    proc = _rtpo(["run", "--plugin", "s27_exits", "--out", "runs", "--no-progress"], tmp_path, [ROOT, tmp_path])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_plugins_are_recorded_and_round_trip(example_on_path):

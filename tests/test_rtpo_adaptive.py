@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rtpo.config import load_scenario
 from rtpo.core.methods.rtpo_adaptive import (
     RTPOAdaptive,
     allocate,
@@ -20,9 +19,10 @@ from rtpo.core.methods.rtpo_adaptive import (
     ragged_advantages,
     state_keys,
 )
+from rtpo.core.metrics import reproducible
 from rtpo.core.types import Ragged
-from rtpo.metrics import reproducible
-from rtpo.run import run_scenario
+from rtpo.rundir.runner import run_scenario
+from rtpo.scenario.load import load_scenario
 from rtpo.tabular import tool_chain
 from tests._method_helpers import make, run, stack
 
@@ -137,6 +137,38 @@ def test_it_reallocates_spends_fixed_g_budget_and_lowers_the_tie_rate():
     assert share["rtpo_adaptive"] < share["rtpo"], share
 
 
+def test_fixed_g_weighting_reaches_the_batch_and_equals_per_group_where_groups_are_g_minus_one(monkeypatch):
+    """weighting=fixed_g: every trained row of a group of n carries (G−1)·c(G−1)/(n·c(n)) = (G−2)/(n−1)
+    (sibling_mean, c(n) = 1 − 1/n) as its surrogate weight; the per_group default trains with weight 1.
+    Capped at G − 1 every group has G − 1 siblings, so the two weightings train identical parameters."""
+    from rtpo.core.methods import reverse
+
+    seen = []
+    real = reverse.turn_rows
+
+    def spy(trajs, offsets, adv, seq_id=None, weight=None):
+        seen.append(None if weight is None else np.asarray(weight))
+        return real(trajs, offsets, adv, seq_id, weight)
+
+    monkeypatch.setattr(reverse, "turn_rows", spy)
+    _, _, ctx = stack(K=4, seed=0, lr=0.3)
+    metrics = run(make("rtpo_adaptive", G=3, weighting="fixed_g"), ctx, 6, queries=8)
+    weights = np.concatenate([w for w in seen if w is not None])
+    assert len(seen) > 0 and all(w is not None for w in seen), "fixed_g must pass a weight for every phase"
+    sizes = [m["alloc/max_group"] for m in metrics if "alloc/max_group" in m]
+    assert max(sizes) > 2, "the run must allocate unequal groups for the weighting to matter"
+    allowed = {1.0 / (n - 1) for n in range(2, 5)}  # (G − 2)/(n − 1) at G = 3, n ≤ cap = 4
+    assert set(np.round(weights, 12)) <= {round(a, 12) for a in allowed}, set(weights)
+    assert np.any(weights < 1.0), "a group larger than G − 1 must be down-weighted"
+    seen.clear()
+    params = {}
+    for weighting in ("per_group", "fixed_g"):
+        _, _, ctx = stack(K=3, seed=3, lr=0.2)
+        run(make("rtpo_adaptive", G=3, max_siblings=2, weighting=weighting), ctx, 3)
+        params[weighting] = _params(ctx)
+    np.testing.assert_array_equal(params["per_group"], params["fixed_g"])
+
+
 def test_posterior_counts_trunk_and_sibling_outcomes_and_forgets():
     m = make("rtpo_adaptive", G=3, forget=0.5, reward_low=0.0, reward_high=2.0)
     keys = state_keys(1, Ragged.from_rows([np.array([1, 7]), np.array([1, 8])], dtype=np.int64))
@@ -163,6 +195,8 @@ def test_config_refuses_what_cannot_work():
         ({"prior_a": 0.0}, "prior_a"),
         ({"forget": 1.5}, "forget"),
         ({"reward_low": 1.0, "reward_high": 1.0}, "reward_high"),
+        ({"weighting": "both"}, "weighting must be one of"),
+        ({"weighting": "fixed_g", "estimator": "group_norm"}, "linear in the returns"),
     ):
         with pytest.raises(ValueError, match=msg):
             make("rtpo_adaptive", **kw)
@@ -185,7 +219,7 @@ def test_a_resumed_run_allocates_as_the_uninterrupted_one(tmp_path, monkeypatch)
     (load_state_dict a no-op) allocates differently."""
 
     def untimed(metrics):
-        return [reproducible(m) for m in metrics]  # rtpo.metrics: the wall-clock keys left out
+        return [reproducible(m) for m in metrics]  # rtpo.core.metrics: the wall-clock keys left out
 
     cfg = load_scenario(None, ADAPTIVE)
     full = run_scenario(cfg, out_root=tmp_path / "a", progress=False)

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rtpo import cli, compare
-from rtpo.config import load_scenario
+from rtpo import compare
+from rtpo.commands import cli
+from rtpo.scenario.load import load_scenario
 from rtpo.tabular.build import build_mdp, initial_policy
 from rtpo.tabular.diagnostic import decompose
 
@@ -35,12 +36,13 @@ def test_solve_prints_the_exact_decomposition(name, regime, capsys):
     index = float(re.search(r"index RTPO/GRPO = (\S+)", out).group(1))
     G = cfg.method.config.G
     assert index == pytest.approx(dec.info_index(G), abs=1e-3) and f"RTPO(G={G})" in out
-    assert f"({regime}'s regime)" in out
+    assert f"(more turn-level credit per {regime} rollout)" in out
+    assert "no call on which method will win" in out  # an uncalibrated index is never printed as a prediction
 
 
 def test_initial_policy_is_the_runs_theta0():
     """init_scale > 0: the diagnostic's policy is the one the run starts from (same seed, same draw)."""
-    from rtpo.backends import get_backend
+    from rtpo.scenario.backends import get_backend
 
     cfg = load_scenario(None, ["task.init_scale=0.7", "seed=5"])
     built = get_backend("tabular").build(cfg)
@@ -73,6 +75,6 @@ def test_compare_index_uses_the_compared_rtpo_group_size(tmp_path):
         "method: {name: rtpo, G: 6}\nbudget: {iterations: 1, queries_per_iteration: 2}\n"
     )
     _, meta = compare.build_jobs(str(scenario), ["rtpo:G=3", "grpo"], 1, [], None, tmp_path)
-    assert "RTPO(G=3)" in meta["diagnostics"]["None"][-1]
+    assert "RTPO(G=3)" in meta["diagnostics"]["None"][-2]
     _, meta = compare.build_jobs(str(scenario), ["grpo"], 1, [], None, tmp_path)
-    assert "RTPO(G=6)" in meta["diagnostics"]["None"][-1]  # no RTPO row: the scenario's own
+    assert "RTPO(G=6)" in meta["diagnostics"]["None"][-2]  # no RTPO row: the scenario's own

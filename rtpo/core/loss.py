@@ -69,7 +69,8 @@ class LossConfig:
 class FlatBatch:
     """A TurnBatch's token-level view as torch tensors (N tokens, S sequences).
 
-    old_logp, advantages, weight: (N,) float64; token_seq: (N,) int64 in [0, S).
+    old_logp, advantages, weight: (N,) float64; token_seq: (N,) int64 in [0, S).  All four live on one
+    device, the one `from_batch(..., device=)` names: the learner's, so the loss never mixes devices.
     one_token_seqs: token i is the whole of sequence i (token_seq = 0..N−1, e.g. tabular RTPO rows),
     so a sequence mean is the token itself and is not computed.
     unit_weight: every weight is 1, so multiplying by it (exact) is skipped.
@@ -84,7 +85,10 @@ class FlatBatch:
     unit_weight: bool = False
 
     @staticmethod
-    def from_batch(batch: TurnBatch, dtype: torch.dtype = torch.float64) -> FlatBatch:
+    def from_batch(
+        batch: TurnBatch, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+    ) -> FlatBatch:
+        """The token-level view of `batch`, its tensors on `device` (None: the CPU)."""
         lengths = batch.tokens.lengths
         seq_id = batch.seq_id
         if seq_id.size and np.all(seq_id[1:] > seq_id[:-1]):  # distinct and increasing: its own inverse
@@ -94,10 +98,10 @@ class FlatBatch:
         token_seq = np.repeat(seq_index, lengths)
         num_seqs = int(seq_index.max()) + 1 if seq_index.size else 0
         return FlatBatch(
-            old_logp=torch.tensor(batch.old_logp.values, dtype=dtype),
-            advantages=torch.tensor(batch.advantages.values, dtype=dtype),
-            weight=torch.as_tensor(np.repeat(batch.weight, lengths), dtype=dtype),
-            token_seq=torch.as_tensor(token_seq, dtype=torch.int64),
+            old_logp=torch.tensor(batch.old_logp.values, dtype=dtype, device=device),
+            advantages=torch.tensor(batch.advantages.values, dtype=dtype, device=device),
+            weight=torch.as_tensor(np.repeat(batch.weight, lengths), dtype=dtype, device=device),
+            token_seq=torch.as_tensor(token_seq, dtype=torch.int64, device=device),
             num_seqs=num_seqs,
             one_token_seqs=bool(num_seqs == token_seq.size and np.array_equal(token_seq, np.arange(num_seqs))),
             unit_weight=bool(np.all(batch.weight == 1.0)),

@@ -115,7 +115,7 @@ class ReportsMetrics(Protocol):
 @runtime_checkable
 class CountsGeneration(Protocol):
     """A sampler that counts what it generated: summed counts that add up across samplers (a Ray pool's
-    workers), turned into the record's gen/* keys by rtpo.metrics.generation_metrics."""
+    workers), turned into the record's gen/* keys by rtpo.core.metrics.generation_metrics."""
 
     def pop_generation_counts(self) -> dict[str, float]:
         """{"time/generate_s", "gen/tokens", "gen/responses"} since the last call, then reset."""

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
+from weakref import WeakSet
 
 T = TypeVar("T")
+
+_ALL: WeakSet[Registry] = WeakSet()  # every registry of the process (rollback of a failed plugin)
 
 
 class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        _ALL.add(self)
 
     def register(self, name: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
@@ -85,3 +90,33 @@ class _Override(Generic[T]):
 
     def __exit__(self, *exc: object) -> None:
         self._registry._items[self._name] = self._old
+
+
+def snapshot() -> dict[Registry, dict]:
+    """The entries of every registry that exists now (for rollback_failed_import)."""
+    return {r: dict(r._items) for r in list(_ALL)}
+
+
+def rollback_failed_import(before: dict[Registry, dict], modules: Callable[[], set[str]]) -> list[str]:
+    """After an import that failed: remove every entry added since `before` by code whose module is not
+    imported (`modules()`: the names in sys.modules), i.e. by a module whose import raised, and put back any
+    entry it replaced.  Entries added by modules that did import (a plugin importing rtpo.llm) stay.
+    Returns "kind name" of each entry removed."""
+    removed = []
+    present = modules()
+    for reg, items in before.items():
+        for name in list(reg._items):
+            obj = reg._items[name]
+            if name in items and items[name] is obj:
+                continue
+            # a class or function knows its module; an instance's __module__ is its class's (a BackendSpec
+            # made by the plugin says rtpo.scenario.backends), so it counts as the failed import's
+            owner = getattr(obj, "__module__", None) if isinstance(obj, type) or inspect.isroutine(obj) else None
+            if owner is not None and owner in present:
+                continue
+            if name in items:
+                reg._items[name] = items[name]
+            else:
+                del reg._items[name]
+            removed.append(f"{reg.kind} {name}")
+    return removed

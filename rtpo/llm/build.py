@@ -2,7 +2,7 @@
 an engine (vLLM or HF) and the FSDP2 learner into the core's RunContext, per role of a distributed run,
 plus the backend's evaluation and export hooks.
 
-Importing this module registers the backend (rtpo.backends).  A tabular scenario's `method`, `budget`,
+Importing this module registers the backend (rtpo.scenario.backends).  A tabular scenario's `method`, `budget`,
 `train`, `eval` and `logging` sections work unchanged; `backend` and `task` are the LLM ones of
 rtpo.llm.schema.  `train.lr` is AdamW's learning rate (E.3: 1e-6); `train.optimizer` must be `adam`
 (AdamW).  The pieces: rtpo.llm.schema (sections), rtpo.llm.model_cache (the model folder, tiny-random
@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.backends import BackendSpec, BuiltBackend, register_backend
 from rtpo.core.methods import RunContext
-from rtpo.evaluation import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
+from rtpo.core.sampled_eval import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
 from rtpo.llm.model_cache import check_model_dir, tiny_random_model
 from rtpo.llm.sampler import TrackedSampler, eval_engine
 from rtpo.llm.schema import (
@@ -35,7 +34,8 @@ from rtpo.llm.schema import (
     task_schemas,
 )
 from rtpo.llm.worlds import WorldTaskConfig
-from rtpo.schema import ConfigError, ScenarioConfig
+from rtpo.scenario.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
+from rtpo.scenario.schema import ConfigError, ScenarioConfig
 
 __all__ = [  # the moved pieces stay importable from rtpo.llm.build
     "FieldsSection",
@@ -64,7 +64,7 @@ def sampled_eval_of(
     sampler: TrackedSampler,
     eval_sampling: Any,
 ) -> SampledEval:
-    """The llm backend's part of rtpo.evaluation: held-out (eval) and training problems, the engine with the
+    """The llm backend's part of rtpo.core.sampled_eval: held-out (eval) and training problems, the engine with the
     learner's weights at eval temperature/top-p, and the settings a report records."""
     return SampledEval(
         splits={"eval": EvalSplit(eval_env, len(eval_env.task)), "train": EvalSplit(env, len(env.task))},
@@ -83,7 +83,7 @@ def sampled_eval_of(
 
 
 def _evaluate(sampled: SampledEval, env: Any, sampler: TrackedSampler, seed: int) -> dict[str, float]:
-    """The in-run evaluation: Pass@1 and friends (rtpo.evaluation.in_run_metrics) of the learner's current
+    """The in-run evaluation: Pass@1 and friends (rtpo.core.sampled_eval.in_run_metrics) of the learner's current
     weights on the first task.eval_queries problems of the eval split, one sample each, drawn with a
     fixed seed (the same draws every time); plus the training env's counters since the last call and
     the weight-sync time."""
@@ -202,9 +202,17 @@ def _make_engine(cfg: ScenarioConfig, model_dir: Path, role: str, stop: tuple) -
             **extra,
         )
     else:
+        import torch
+
         from rtpo.llm.engines.hf import HFEngine
 
-        engine = HFEngine(model_dir, sampling, max_model_len=b.max_model_len)
+        engine = HFEngine(
+            model_dir,
+            sampling,
+            max_model_len=b.max_model_len,
+            dtype=getattr(torch, b.engine_dtype),
+            device=_device(b),
+        )
     return engine
 
 
@@ -382,19 +390,25 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
     return _RolloutSide(make_env=make_env, env=env, num_queries=len(train_task), stop=stop, engine=engine)
 
 
-def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
-    """The FSDP2 learner.  A trainer rank whose process group already exists (a Ray trainer actor: the
-    group's size is resources.trainer_workers) builds its shard in that group; otherwise launch_learner
-    spawns backend.world_size − 1 local ranks around this process (the driver's learner)."""
+def _device(b: LLMBackendConfig) -> str:
+    """backend.device resolved: the one setting that places the learner's model and the hf engine."""
     import torch
-    import torch.distributed as dist
 
-    from rtpo.llm.learner import FSDPLearner, LearnerConfig, launch_learner
+    if b.device != "auto":
+        return b.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def learner_config(cfg: ScenarioConfig) -> Any:
+    """The FSDP learner's LearnerConfig of a scenario: the same for the driver's learner and for every
+    Ray trainer rank (train.lr and its schedule, the backend's numerics, a KL reference when needed)."""
+    from rtpo.llm.learner import LearnerConfig
 
     b: LLMBackendConfig = cfg.backend
     kl = float(getattr(cfg.method.config, "kl_coef", 0.0) or 0.0)
-    lcfg = LearnerConfig(
+    return LearnerConfig(
         lr=cfg.train.lr,
+        lr_schedule=cfg.train.lr_schedule_config(),
         weight_decay=b.weight_decay,
         grad_clip=b.grad_clip,
         temperature=b.temperature,
@@ -404,13 +418,29 @@ def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
         mixed_precision=b.mixed_precision,
         gradient_checkpointing=b.gradient_checkpointing,
     )
+
+
+def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
+    """The FSDP2 learner.  A trainer rank whose process group already exists (a Ray trainer actor: the
+    group's size is resources.trainer_workers) builds its shard in that group; otherwise launch_learner
+    spawns backend.world_size − 1 local ranks around this process (the driver's learner)."""
+    import torch
+    import torch.distributed as dist
+
+    from rtpo.llm.learner import FSDPLearner, launch_learner
+
+    b: LLMBackendConfig = cfg.backend
+    lcfg = learner_config(cfg)
     if role == "trainer" and dist.is_initialized():
         if b.threads_per_rank:
             torch.set_num_threads(b.threads_per_rank)
         return FSDPLearner(
             model_dir, lcfg, rank=dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend()
         )
-    learner = launch_learner(model_dir, lcfg, world_size=b.world_size, threads_per_rank=b.threads_per_rank)
+    backend = "gloo" if _device(b) == "cpu" else None  # None: NCCL on the GPUs
+    learner = launch_learner(
+        model_dir, lcfg, world_size=b.world_size, backend=backend, threads_per_rank=b.threads_per_rank
+    )
     if b.world_size > 1:
         atexit.register(learner.close)
     return learner
@@ -482,10 +512,20 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
 
 def export(cfg: ScenarioConfig, weights: dict, out: Any, manifest: dict | None = None) -> Path:
     """BackendSpec.export: `weights` as a Hugging Face folder `out` with the run's model config,
-    generation config and tokenizer (rtpo.llm.export.write_hf_folder)."""
-    from rtpo.llm.export import write_hf_folder
+    generation config and tokenizer (rtpo.llm.hf_folder.write_hf_folder)."""
+    from rtpo.llm.hf_folder import write_hf_folder
 
     return write_hf_folder(_model_dir(cfg), weights, out, manifest)
+
+
+# A sampled turn keeps at least its text, token ids and log-probabilities and a few Python objects: a
+# deliberately low figure, so the refusal below catches only sizes no machine holds (method.G=1e9).
+_BYTES_PER_SAMPLED_TURN = 2048
+
+
+def memory_estimate(cfg) -> list[tuple[str, int]]:
+    """A lower bound of one iteration's sampled turns, by the key driving it (rtpo.scenario.backends.rollout_memory)."""
+    return [rollout_memory(cfg, cfg.task.num_turns, _BYTES_PER_SAMPLED_TURN)]
 
 
 register_backend(
@@ -496,6 +536,7 @@ register_backend(
         build=build,
         build_role=build_role,
         task_schemas=task_schemas,
+        memory=memory_estimate,
         export=export,
     ),
 )

@@ -6,6 +6,10 @@ That is exact, not an approximation: every block starts and ends at a special to
 gives the same ids as tokenizing the rendered conversation at once.  The assistant block of the full
 history is the model's own sampled ids, verbatim (never re-tokenized text).
 
+Every text that does not come from the template or the model (the user message, tool results, the
+system prompt, summaries) goes through `rtpo.llm.context_text.ContextEncoder`: it can never become a
+control token; a forged `<|im_end|>` keeps its characters and is spelled with ordinary pieces.
+
 The text of every block follows the Qwen3 chat template shipped with the tokenizer (tests compare
 against `tokenizer.apply_chat_template`): tools are listed in the system message, tool results come
 back as `<tool_response>` inside a user message, an assistant turn is
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from rtpo.llm.context_text import ContextEncoder
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -214,6 +220,7 @@ class Qwen3Chat:
             for i in (self.im_end_id, tokenizer.convert_tokens_to_ids("<|endoftext|>"))
             if isinstance(i, int) and i >= 0
         )
+        self.encoder = ContextEncoder.for_tokenizer(tokenizer)
         gen = f"{IM_START}assistant\n" + ("" if enable_thinking else f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n")
         self.generation_prompt = self.ids(gen)
         self.newline = self.ids("\n")
@@ -225,6 +232,7 @@ class Qwen3Chat:
         return int(ids[0])
 
     def ids(self, text: str) -> np.ndarray:
+        """Ids of trusted text (the template's structure, the model's own output): markers are control ids."""
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
 
     def decode(self, ids: np.ndarray) -> str:
@@ -234,12 +242,14 @@ class Qwen3Chat:
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         return msgs + [{"role": "user", "content": user}]
 
+    def text_ids(self, text: str) -> np.ndarray:
+        """Ids of untrusted text (tool output, user simulator, data): never a control token."""
+        return self.encoder.untrusted(text)
+
     def prompt_block(self, user: str) -> np.ndarray:
-        """System (with the tools) and user messages, without the generation prompt."""
-        text = self.tokenizer.apply_chat_template(
-            self.messages(user), tools=self.tools, tokenize=False, add_generation_prompt=False
-        )
-        return self.ids(text)
+        """System (with the tools) and user messages, without the generation prompt; the system prompt
+        and the user message are untrusted text, the template and the tool schemas structure."""
+        return self.encoder.chat(self.messages(user), tools=self.tools, add_generation_prompt=False)
 
     def raw_assistant_block(self, response_ids: np.ndarray) -> np.ndarray:
         """The turn as the model saw and wrote it: generation prompt + sampled ids (+ <|im_end|>) + newline."""
@@ -252,11 +262,66 @@ class Qwen3Chat:
         parts.append(self.newline)
         return np.concatenate(parts)
 
-    def assistant_block(self, content: str) -> np.ndarray:
-        """An assistant message with no thinking, as the template renders an earlier turn without reasoning."""
-        return self.ids(f"{IM_START}assistant\n{content}{IM_END}\n")
+    def marked_text(self, response_ids: np.ndarray) -> tuple[str, tuple[tuple[int, int], ...]]:
+        """The decoded response and the (start, end) character spans of the control tokens it sampled.
+
+        Text the model spelled with ordinary pieces (`<`, `|`, `im`, ...) decodes to the same characters
+        as a control token but has no span: it stays text when the turn is re-encoded."""
+        names = {i: m for m, i in self.encoder.markers.items()}
+        parts: list[str] = []
+        spans: list[tuple[int, int]] = []
+        run: list[int] = []
+        pos = 0
+        for t in (int(i) for i in response_ids):
+            if t not in names:
+                run.append(t)
+                continue
+            if run:
+                parts.append(self.tokenizer.decode(run, skip_special_tokens=False))
+                pos += len(parts[-1])
+                run = []
+            parts.append(names[t])
+            spans.append((pos, pos + len(names[t])))
+            pos += len(names[t])
+        if run:
+            parts.append(self.tokenizer.decode(run, skip_special_tokens=False))
+        return "".join(parts), tuple(spans)
+
+    def assistant_block(self, content: str, response_ids: np.ndarray | None = None) -> np.ndarray:
+        """An assistant message with no thinking, as the template renders an earlier turn without reasoning.
+
+        `content` is the end of the model's turn.  With `response_ids` (the sampled ids, the stop token
+        removed), only the control tokens the model sampled are control tokens again; a marker it spelled
+        with ordinary pieces stays text (without: every marker in `content` counts, for a turn that
+        exists only as text)."""
+        if response_ids is None:
+            return self.ids(f"{IM_START}assistant\n{content}{IM_END}\n")
+        text, spans = self.marked_text(response_ids)
+        pieces: list[tuple[str, bool]] = [(f"{IM_START}assistant\n", True)]
+        if text.endswith(content):
+            off, pos = len(text) - len(content), 0
+            for a, b in spans:
+                if a >= off:
+                    pieces += [(content[pos : a - off], False), (content[a - off : b - off], True)]
+                    pos = b - off
+            pieces.append((content[pos:], False))
+        else:  # the content is not the decoded turn's end: keep it all as text
+            pieces.append((content, False))
+        return self.encoder.encode(pieces + [(f"{IM_END}\n", True)])
+
+    def summary_block(self, summary: str) -> np.ndarray:
+        """An assistant message holding a summary of a turn: untrusted text (titles, queries, results)."""
+        return self.encoder.encode([(f"{IM_START}assistant\n", True), (summary, False), (f"{IM_END}\n", True)])
 
     def tool_block(self, results: Sequence[str]) -> np.ndarray:
-        """Tool results, one <tool_response> each, inside one user message (the template's tool role)."""
-        body = "".join(f"\n<tool_response>\n{r}\n</tool_response>" for r in results)
-        return self.ids(f"{IM_START}user{body}{IM_END}\n")
+        """Tool results, one <tool_response> each, inside one user message (the template's tool role).
+
+        Results are untrusted: only the template's own markers around them are control tokens."""
+        pieces: list[tuple[str, bool]] = [(f"{IM_START}user", True)]
+        for r in results:
+            pieces += [("\n<tool_response>\n", True), (str(r), False), ("\n</tool_response>", True)]
+        return self.encoder.encode(pieces + [(f"{IM_END}\n", True)])
+
+    def user_block(self, text: str) -> np.ndarray:
+        """A user message (the user simulator's reply): untrusted text between the template's markers."""
+        return self.encoder.encode([(f"{IM_START}user\n", True), (str(text), False), (f"{IM_END}\n", True)])

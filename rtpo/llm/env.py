@@ -301,16 +301,19 @@ class LLMEnv:
         ran = self.tools.run_batch(calls, [e.tool_state for e in episodes], m, threads=self.tool_threads)
         m["time/tools_s"] += time.perf_counter() - t0
         tool_states = []
+        found: list[list[tuple[str, ...]]] = [[] for _ in range(n)]
         for i, (res, st) in enumerate(ran):
             for slot, r in zip(slots[i], res):
                 results[i][slot] = r.text
+                found[i].append(tuple(r.found))
             tool_states.append(st)
 
         summaries: dict[int, str] = {}
         if self.summarizer is not None:
             going = [i for i in range(n) if not done[i]]
             records = [
-                TurnRecord(parsed[i].content, tuple(calls[i]), tuple(results[i][s] for s in slots[i])) for i in going
+                TurnRecord(parsed[i].content, tuple(calls[i]), tuple(results[i][s] for s in slots[i]), tuple(found[i]))
+                for i in going
             ]
             t0 = time.perf_counter()
             summaries = dict(zip(going, self.summarizer.summarize(records, rng)))
@@ -326,9 +329,9 @@ class LLMEnv:
             feedback[i] = "\n\n".join(results[i])
             blocks = TurnBlocks(
                 raw=self.chat.raw_assistant_block(gen.tokens[i]),
-                stripped=self.chat.assistant_block(parsed[i].content),
+                stripped=self.chat.assistant_block(parsed[i].content, self._sampled(gen.tokens[i])),
                 feedback=self.chat.tool_block(results[i]),
-                summary=self.chat.assistant_block(summaries[i]) if i in summaries else np.zeros(0, np.int64),
+                summary=self.chat.summary_block(summaries[i]) if i in summaries else np.zeros(0, np.int64),
             )
             nxt = ChatEpisode(
                 e.query_id,
@@ -381,6 +384,10 @@ class LLMEnv:
         self.metrics = collections.Counter()
         return out
 
+    def _sampled(self, ids: np.ndarray) -> np.ndarray:
+        """A response's ids without its stop token (what was decoded and parsed)."""
+        return ids[:-1] if ids.size and int(ids[-1]) in self.chat.stop_ids else ids
+
     def _answer(self, p: ParsedResponse) -> str | None:
         """The final answer of a turn: the last \\boxed{}, or the lenient parse if configured."""
         if p.answer is None and self.answer_parse != "boxed":
@@ -426,11 +433,16 @@ def _episode_record(e: ChatEpisode, last: str, answer: str | None, reward: float
     return {
         "query_id": int(e.query_id),
         "question": _question(e.item),
-        "gold": str(getattr(e.item, "answer", "")),
+        "gold": _gold(getattr(e.item, "answer", "")),
         "turns": turns,
         "answer": answer,
         "reward": float(reward),
     }
+
+
+def _gold(answer: Any) -> str | list[str]:
+    """A gold answer as JSON: the string (math), or the list of accepted answers (QA's tuple)."""
+    return answer if isinstance(answer, str) else [str(a) for a in answer]
 
 
 def _question(item: Any) -> str:

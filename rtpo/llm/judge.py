@@ -34,7 +34,7 @@ import numpy as np
 
 from rtpo.core.types import Ragged
 from rtpo.llm.chat import split_thinking
-from rtpo.llm.rewards import QAResult, exact_match, token_f1
+from rtpo.llm.rewards import QAResult, exact_match, qa_answer_text, token_f1
 
 PROMPT = (
     "You are grading an answer to a question. Reply with one word: yes if the predicted answer means the "
@@ -91,8 +91,8 @@ class JudgeScorer:
                 out[i] = QAResult(0.0, "no_answer", "judge", {"f1": 0.0, "em": 0.0, "judge": 0.0})
                 rule.append((0.0, 0.0))
                 continue
-            f1 = max(token_f1(a, x) for x in gs)
-            em = max(exact_match(a, x) for x in gs)
+            f1 = max(token_f1(qa_answer_text(a), x) for x in gs)
+            em = max(exact_match(qa_answer_text(a), x) for x in gs)
             rule.append((f1, em))
             if em:
                 out[i] = QAResult(1.0, "correct", "judge", {"f1": f1, "em": em, "judge": 1.0})

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from rtpo.core.loss import FlatBatch, LossConfig, policy_loss
+from rtpo.core.schedule import LRSchedule, make_lr_scheduler, restore_lr
 from rtpo.core.types import Ragged, TurnBatch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,6 +43,7 @@ class LearnerConfig:
     """Optimiser and numerics of the FSDP learner (E.3 defaults).
 
     lr, weight_decay:   AdamW (E.3: 1e-6, 0.01).
+    lr_schedule:        warm-up and decay of lr by optimiser step (rtpo.core.schedule; resumed from `steps`).
     betas, eps:         AdamW moments.
     grad_clip:          max global grad norm; None = off.
     temperature:        T of the teacher-forced log-probs; must equal the engine's sampling T (E.3: 0.9).
@@ -59,6 +61,8 @@ class LearnerConfig:
     cache_weights:      `weights` returns the same snapshot while the parameters are unchanged (no second
                         gather) and tags it with the learner's version, so an engine can skip reloading
                         weights it already holds (RTPO's first phase syncs the θ its trunks ran under).
+    attn_implementation: transformers' attention kernel: "sdpa" (torch's fused scaled-dot-product
+                        attention: flash / memory-efficient kernels on GPUs) or "eager" (the reference).
     fsdp_one_rank:      wrap the model in FSDP2 even with world size 1.  Off by default: on one rank there
                         is nothing to shard, and FSDP's all-gather and reduce-scatter only copy every weight
                         and gradient on each pass (bench/llm_memory.json, learner.fsdp_one_rank_step_s).
@@ -66,6 +70,7 @@ class LearnerConfig:
     """
 
     lr: float = 1e-6
+    lr_schedule: LRSchedule = LRSchedule()
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -78,9 +83,12 @@ class LearnerConfig:
     gradient_checkpointing: bool = False
     reuse_ratio_forward: bool = True
     cache_weights: bool = True
+    attn_implementation: str = "sdpa"
     fsdp_one_rank: bool = False
 
     def __post_init__(self) -> None:
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.weight_decay < 0:
@@ -96,6 +104,8 @@ class LearnerConfig:
         if self.mixed_precision is not None and self.mixed_precision not in _DTYPES:
             raise ValueError(f"mixed_precision must be one of {sorted(_DTYPES)} or None")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        if isinstance(self.lr_schedule, dict):  # a config read back from a checkpoint (asdict)
+            object.__setattr__(self, "lr_schedule", LRSchedule(**self.lr_schedule))
 
 
 # -- the work plan: which rows each rank runs, in which micro-batches ------------------------------
@@ -206,6 +216,9 @@ class FSDPLearner:
     model_path: local HF folder (config, weights, tokenizer) — the same one the engine loads.
     rank, world_size: this process's place; the process group is created here if none exists
     (world_size 1: an in-memory store; more: MASTER_ADDR/MASTER_PORT from the environment).
+    device: where the model lives; None = this rank's GPU under NCCL, else the CPU.  Every tensor a
+    call builds goes there (ids and masks in `_token_logp`, the loss's batch in `_flat`); what leaves
+    (log-probs, metrics, weights, state dicts) comes back to the host.
     """
 
     def __init__(
@@ -215,8 +228,8 @@ class FSDPLearner:
         rank: int = 0,
         world_size: int = 1,
         backend: str | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
         from transformers import AutoModelForCausalLM
 
         self.model_path = str(model_path)
@@ -229,14 +242,18 @@ class FSDPLearner:
             self.device = torch.device("cuda", local)
         else:
             self.device = torch.device("cpu")
+        if device is not None:
+            self.device = torch.device(device)
         self._init_process_group()
         # objects (commands, batches) always travel over gloo, tensors over the mesh's backend
         self._ctrl = dist.new_group(backend="gloo") if self.world_size > 1 and self.backend != "gloo" else None
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self._mesh = None  # built by _shard when FSDP is used
         dtype = _DTYPES[cfg.param_dtype]
 
         def load():
-            return AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, local_files_only=True)
+            return AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=dtype, local_files_only=True, attn_implementation=cfg.attn_implementation
+            )
 
         self.model = self._shard(load())
         if cfg.gradient_checkpointing:
@@ -249,6 +266,7 @@ class FSDPLearner:
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
         )
+        self.sched = make_lr_scheduler(self.opt, cfg.lr_schedule)
         self.pad_id = int(self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0)
         self.vocab_size = int(self.model.config.vocab_size)
         self.steps = 0
@@ -287,7 +305,11 @@ class FSDPLearner:
         model = model.to(self.device)
         if self.world_size == 1 and self.cfg.mixed_precision is None and not self.cfg.fsdp_one_rank:
             return model
-        kwargs: dict[str, Any] = {"mesh": self.mesh}
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.device.type, (self.world_size,))
+        kwargs: dict[str, Any] = {"mesh": self._mesh}
         if self.cfg.mixed_precision is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=_DTYPES[self.cfg.mixed_precision], reduce_dtype=torch.float32
@@ -317,6 +339,13 @@ class FSDPLearner:
             if name == "stop":
                 return
             getattr(self, "_do_" + name)(payload)
+
+    # -- where a batch lives -------------------------------------------------------------------------
+    def _flat(self, batch: TurnBatch) -> FlatBatch:
+        """The one place a batch's tensors are placed: the token-level view the loss reads (old log-probs,
+        advantages, weights, segment ids) on the learner's device, beside the log-probs of `_token_logp`
+        (whose ids and masks go to self.device as they are built)."""
+        return FlatBatch.from_batch(batch, device=self.device)
 
     # -- forward pass ------------------------------------------------------------------------------
     def _token_logp(self, model: torch.nn.Module, batch: TurnBatch, rows: np.ndarray) -> torch.Tensor:
@@ -418,7 +447,7 @@ class FSDPLearner:
         """
         batch, cfg = payload
         plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
-        flat_all = FlatBatch.from_batch(batch)
+        flat_all = self._flat(batch)
         num_seqs, num_tokens = flat_all.num_seqs, batch.num_tokens
         use_kl = cfg.kl_coef > 0
         no_kl = dataclasses.replace(cfg, kl_coef=0.0)
@@ -438,7 +467,7 @@ class FSDPLearner:
                 continue
             entropy = cached[3] if reuse else self._entropy
             sub = batch.take(rows)
-            flat = FlatBatch.from_batch(sub)
+            flat = self._flat(sub)
             tok_share = sub.num_tokens / num_tokens
             pol_share = tok_share if cfg.aggregation == "token-mean" else flat.num_seqs / num_seqs
             ref = None
@@ -457,7 +486,9 @@ class FSDPLearner:
                 share = pol_share if key == "loss/policy" else tok_share
                 sums[key] = sums.get(key, 0.0) + share * float(v)
         grad_norm = self._clip_and_norm()
+        lr = float(self.opt.param_groups[0]["lr"])  # the step's learning rate
         self.opt.step()
+        self.sched.step()
         self.steps += 1
         self._version += 1
         keys = sorted(sums) if self.rank == 0 else None
@@ -468,7 +499,7 @@ class FSDPLearner:
         out = {k: float(v) for k, v in zip(keys, vec.tolist())}
         out["train/grad_norm"] = grad_norm
         out["train/tokens"] = float(num_tokens)
-        out["train/lr"] = float(self.opt.param_groups[0]["lr"])  # the step's learning rate
+        out["train/lr"] = lr
         return out
 
     def _clip_and_norm(self) -> float:
@@ -593,6 +624,7 @@ class FSDPLearner:
             options=StateDictOptions(strict=False),  # the tied keys left out are the kept ones' storage
         )
         self.steps = int(info["steps"])
+        restore_lr(self.sched, self.steps)
         self._version += 1  # new parameters: cached weights and forward passes no longer hold
         self._weights_cache, self._fwd_cache = None, None
 
@@ -618,16 +650,17 @@ class FSDPLearner:
             set_model_state_dict(self.ref_model, ref if self.rank == 0 else {}, options=opts)
         steps = self._broadcast(state["steps"] if self.rank == 0 else None) if multi else state["steps"]
         self.steps = int(steps)
+        restore_lr(self.sched, self.steps)
         self._version += 1  # new parameters: cached weights and forward passes no longer hold
         self._weights_cache, self._fwd_cache = None, None
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path | None:
         """An HF-format model folder (config, safetensors, tokenizer, generation config) of the current
-        weights, loadable by vLLM and transformers (rtpo.llm.export.write_hf_folder); rank 0 returns it."""
+        weights, loadable by vLLM and transformers (rtpo.llm.hf_folder.write_hf_folder); rank 0 returns it."""
         weights = self.weights()
         if self.rank != 0:
             return None
-        from rtpo.llm.export import write_hf_folder
+        from rtpo.llm.hf_folder import write_hf_folder
 
         return write_hf_folder(self.model_path, weights, out_dir)
 

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from rtpo.schema import ConfigError
+from rtpo.scenario.schema import ConfigError
 
 
 def tiny_random_model(cache: str | os.PathLike, seed: int, tokenizer: str = "qwen3", init_std: float = 0.02) -> Path:

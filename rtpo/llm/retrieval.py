@@ -15,21 +15,25 @@ in memory, so re-asking never re-scores.
 
 HTTP (`task.retriever.url`): POST `{"queries": [...], "topk": k, "return_scores": true}` to the
 server's `/retrieve`; the answer is `{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}`
-(or documents without the `score` wrapper).  A server that is down, slow or answers garbage is retried
-`retries` times with a doubling backoff within `timeout_s` per attempt; then `RetrievalError` — which
-the search tool turns into "Error: ..." feedback and a metric, so the run goes on.
+(or documents without the `score` wrapper).  A server that is down, slow, trickling or answers garbage
+is retried `retries` times with a doubling backoff, each attempt bounded in total by `timeout_s` and its
+answer by `max_response_bytes`; then `RetrievalError` (HTTPRetriever lists every failure class), which
+the search tool turns into "Error: ..." feedback and the metric `tool/search/server_errors`, so the run
+goes on.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
+import math
 import os
 import shutil
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +43,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from rtpo.core.registry import Registry
+
+_MANIFEST = "rtpo-manifest.json"  # sha256 of every file of a cached BM25 index, written when it is built
 
 
 class CorpusError(ValueError):
@@ -70,9 +76,14 @@ RETRIEVERS: Registry = Registry("retriever")
 
 
 def _split_contents(contents: str) -> tuple[str, str]:
-    """Search-R1's `contents`: the first line is the title in double quotes, the rest the text."""
+    """Search-R1's `contents`: the first line is the title in double quotes, the rest the text.
+
+    Only the enclosing pair of quotes goes: `""Weird Al" Yankovic"` is the title `"Weird Al" Yankovic`."""
     head, _, rest = contents.partition("\n")
-    return head.strip().strip('"'), rest.strip()
+    head = head.strip()
+    if len(head) >= 2 and head[0] == head[-1] == '"':
+        head = head[1:-1]
+    return head, rest.strip()
 
 
 def read_corpus(path: str | os.PathLike) -> tuple[list[str], list[str], list[str]]:
@@ -190,7 +201,8 @@ class BM25Retriever:
     corpus:    corpus JSONL (module docstring); cache_dir: where indexes are kept (default: beside the
                corpus, in `.rtpo-index/`); k1, b: BM25's parameters; stopwords: bm25s's list name
                ("en") or none; cache_size: queries remembered in memory.
-    Counters: `queries` (queries scored against the index), `cache_hits`.
+    Counters: `queries` (queries scored against the index), `cache_hits`; `built` (this process built the
+    index), `rebuilt` (the cached copy was damaged: a file changed, missing or added, or it did not load).
     """
 
     name = "bm25"
@@ -224,21 +236,48 @@ class BM25Retriever:
         return self._bm25s.tokenize(texts, stopwords=self.stopwords or None, show_progress=False, return_ids=False)
 
     def _load_or_build(self):
+        """The cached index when it is whole (every file's sha256 as recorded when it was built, and it
+        loads and answers), else a fresh build; a damaged cache is removed and rebuilt (`rebuilt`)."""
         bm25s = self._bm25s
-        if (self.index_dir / "params.index.json").is_file():
-            return bm25s.BM25.load(str(self.index_dir), mmap=False, show_progress=False)
+        self.rebuilt = False
+        if self.index_dir.exists():
+            model = self._load_checked()
+            if model is not None:
+                return model
+            self.rebuilt = True
+            shutil.rmtree(self.index_dir, ignore_errors=True)
+            if self.index_dir.exists():  # a file where the index folder should be
+                self.index_dir.unlink()
         docs = [f"{t}\n{x}" for t, x in zip(self.titles, self.texts)]
         model = bm25s.BM25(k1=self.k1, b=self.b)
         model.index(bm25s.tokenize(docs, stopwords=self.stopwords or None, show_progress=False), show_progress=False)
         self.index_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.index_dir.with_name(self.index_dir.name + f".tmp{os.getpid()}-{threading.get_ident()}")
         model.save(str(tmp), show_progress=False)
+        manifest = {f.name: _file_digest(str(f)) for f in sorted(tmp.iterdir()) if f.is_file()}
+        (tmp / _MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
         try:
             os.replace(tmp, self.index_dir)
         except OSError:  # another process finished the same index first: keep its copy
             shutil.rmtree(tmp, ignore_errors=True)
         self.built = True
         return model
+
+    def _load_checked(self):
+        """The cached index, or None when any file differs from the manifest or it does not load whole."""
+        try:
+            manifest = json.loads((self.index_dir / _MANIFEST).read_text())
+            files = {f.name for f in self.index_dir.iterdir() if f.is_file()} - {_MANIFEST}
+            if not isinstance(manifest, dict) or set(manifest) != files:
+                return None
+            if any(_file_digest(str(self.index_dir / name)) != digest for name, digest in manifest.items()):
+                return None
+            model = self._bm25s.BM25.load(str(self.index_dir), mmap=False, show_progress=False)
+            if int(model.scores["num_docs"]) != len(self.ids):
+                return None
+            return model
+        except Exception:  # noqa: BLE001 - whatever a damaged cache does on load means: rebuild it
+            return None
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for `query` (0 where no query term occurs)."""
@@ -271,33 +310,106 @@ class BM25Retriever:
         return out
 
 
+def _kill_socket(conn: http.client.HTTPConnection) -> None:
+    """The attempt's deadline passed: shut its socket, so a read blocked on it returns at once."""
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _finite(x: Any, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise ValueError(f"{what} must be a finite number, got {str(x)[:40]!r}")
+    return float(x)
+
+
+def _string(x: Any, what: str) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, (int, float)) and not isinstance(x, bool):  # ids are often numbers
+        return str(x)
+    raise ValueError(f"{what} must be a string, got {type(x).__name__}")
+
+
 @RETRIEVERS.register("http")
 class HTTPRetriever:
     """A client of a Search-R1 / verl retrieval server (e5 + FAISS, or any server with its API).
 
-    url: the endpoint, e.g. http://127.0.0.1:8000/retrieve; timeout_s: per attempt; retries: further
-    attempts after a failure (connection refused, timeout, HTTP 5xx, a malformed answer), with a backoff
-    doubling from backoff_s.  Counters: `requests`, `failures` (attempts that failed), `cache_hits`.
+    url: the endpoint, e.g. http://127.0.0.1:8000/retrieve; timeout_s: the total time one attempt may
+    take, connection to last byte (a watchdog shuts the socket at the deadline, so a server that trickles
+    a byte at a time cannot stretch it); max_response_bytes: a larger answer is a failed attempt;
+    retries: further attempts after a failure, with a backoff doubling from backoff_s.  A failure is
+    anything an attempt can meet: connection refused or reset, the deadline, an HTTP status other than
+    200, a bad status line, a truncated body (IncompleteRead, a body shorter than its Content-Length),
+    an answer that is not UTF-8 JSON or is nested too deep, or one whose shape or values are wrong
+    (`score: null`, a result that is not a list, ...).  After the last attempt: `RetrievalError`.
+    Counters: `requests` (attempts), `failures` (attempts that failed), `cache_hits`.
     """
 
     name = "http"
 
     def __init__(
-        self, url: str, timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.5, cache_size: int = 65536
+        self,
+        url: str,
+        timeout_s: float = 10.0,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+        cache_size: int = 65536,
+        max_response_bytes: int = 16 << 20,
     ) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"retriever url must start with http:// or https://, got {url[:80]!r}")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"retriever url must start with http:// or https://, got {str(url)[:80]!r}")
+        parts = urllib.parse.urlsplit(url)
+        if not parts.hostname:
+            raise ValueError(f"retriever url has no host: {url[:80]!r}")
         self.url, self.timeout_s, self.retries, self.backoff_s = url, float(timeout_s), int(retries), float(backoff_s)
+        self.max_response_bytes = int(max_response_bytes)
+        self._parts = parts
         self._cache = _QueryCache(cache_size)
         self.requests = 0
         self.failures = 0
         self.cache_hits = 0
 
     def _post(self, queries: list[str], topk: int) -> Any:
+        """One attempt: the parsed JSON answer, or an exception; never longer than timeout_s."""
         body = json.dumps({"queries": queries, "topk": topk, "return_scores": True}).encode()
-        req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 - the user's own server
-            return json.loads(resp.read().decode("utf-8"))
+        p = self._parts
+        cls = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
+        deadline = time.monotonic() + self.timeout_s
+        conn = cls(p.hostname, p.port, timeout=self.timeout_s)
+        watchdog = threading.Timer(self.timeout_s, _kill_socket, (conn,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            path = (p.path or "/") + (f"?{p.query}" if p.query else "")
+            conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise ValueError(f"HTTP {resp.status} {str(resp.reason)[:60]}")
+            data = bytearray()
+            while len(data) <= self.max_response_bytes:
+                chunk = resp.read(min(1 << 16, self.max_response_bytes + 1 - len(data)))
+                if not chunk:
+                    break
+                data += chunk
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no complete answer within {self.timeout_s:g} s")
+            if len(data) > self.max_response_bytes:
+                raise ValueError(f"answer larger than max_response_bytes={self.max_response_bytes}")
+            declared = resp.getheader("Content-Length")
+            if declared is not None and declared.strip().isdigit() and int(declared) != len(data):
+                raise http.client.IncompleteRead(bytes(data[:0]), int(declared) - len(data))
+        except (OSError, http.client.HTTPException) as e:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no complete answer within {self.timeout_s:g} s") from None
+            raise e
+        finally:
+            watchdog.cancel()
+            conn.close()
+        return json.loads(bytes(data).decode("utf-8"))
 
     @staticmethod
     def _parse(answer: Any, n: int, topk: int) -> list[list[Passage]]:
@@ -309,14 +421,19 @@ class HTTPRetriever:
                 raise ValueError("a query's result is not a list")
             hits = []
             for entry in per_query[:topk]:
-                doc, score = (entry.get("document"), entry.get("score", 0.0)) if "document" in entry else (entry, 0.0)
+                if not isinstance(entry, dict):
+                    raise ValueError("a result entry is not an object")
+                if "document" in entry:
+                    doc, score = entry["document"], _finite(entry.get("score", 0.0), "score")
+                else:
+                    doc, score = entry, 0.0
                 if not isinstance(doc, dict):
                     raise ValueError("a result entry has no document object")
-                if isinstance(doc.get("contents"), str):
-                    title, text = _split_contents(doc["contents"])
+                if "contents" in doc:
+                    title, text = _split_contents(_string(doc["contents"], "contents"))
                 else:
-                    title, text = str(doc.get("title", "")), str(doc.get("text", ""))
-                hits.append(Passage(str(doc.get("id", "")), title, text, float(score)))
+                    title, text = _string(doc.get("title", ""), "title"), _string(doc.get("text", ""), "text")
+                hits.append(Passage(_string(doc.get("id", ""), "id"), title, text, score))
             out.append(hits)
         return out
 
@@ -336,9 +453,10 @@ class HTTPRetriever:
                 try:
                     got = self._parse(self._post(ask, topk), len(ask), topk)
                     break
-                except (urllib.error.URLError, OSError, TimeoutError, ValueError) as e:
+                # every way an attempt can fail on what the server sent (or did not send)
+                except (OSError, http.client.HTTPException, ValueError, TypeError, RecursionError) as e:
                     self.failures += 1
-                    last = f"{type(e).__name__}: {str(e)[:120]}"
+                    last = f"{type(e).__name__}: {' '.join(str(e).split())[:120]}"
             else:
                 raise RetrievalError(f"retrieval server {self.url} failed {self.retries + 1} times (last: {last})")
             for i, hits in zip(todo, got):

@@ -247,6 +247,19 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+_LATEX_TEXT = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mathrm|mathbf|mathit|mbox|emph)\s*\{([^{}]*)\}")
+
+
+def qa_answer_text(answer: str) -> str:
+    """The words of an extracted QA answer: LaTeX text wrappers unwrapped (`\\text{Delhi}` -> `Delhi`,
+    nested ones too) and `\\,`/`~` spacing made spaces, so the official scorers' normalisation (which
+    keeps letters) sees what the model wrote, not the macro's name."""
+    prev = None
+    while prev != answer:
+        prev, answer = answer, _LATEX_TEXT.sub(r"\1", answer)
+    return re.sub(r"\\[,;:! ]|~", " ", answer).strip()
+
+
 def token_f1(prediction: str, gold: str) -> float:
     """Token-level F1 between normalized answers; yes/no/noanswer must match exactly (HotpotQA's rule)."""
     p, g = normalize_answer(prediction), normalize_answer(gold)
@@ -299,6 +312,7 @@ class QAScorer:
         golds = (gold,) if isinstance(gold, str) else tuple(gold)
         if answer is None:
             return QAResult(0.0, "no_answer", "qa", {"f1": 0.0, "em": 0.0})
+        answer = qa_answer_text(answer)
         f1 = max(token_f1(answer, g) for g in golds)
         em = max(exact_match(answer, g) for g in golds)
         return QAResult(f1 if self.reward == "f1" else em, "correct" if em else "incorrect", "qa", {"f1": f1, "em": em})
@@ -316,6 +330,7 @@ __all__ = [
     "math_reward",
     "normalize_answer",
     "numeric_equal",
+    "qa_answer_text",
     "to_number",
     "token_f1",
 ]

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtpo.llm.sections import SandboxSection
-from rtpo.schema import BackendConfig, ConfigError, pydantic_error
+from rtpo.scenario.schema import BackendConfig, ConfigError, pydantic_error
 
 
 class LLMBackendConfig(BackendConfig):
@@ -50,11 +50,19 @@ class LLMBackendConfig(BackendConfig):
     param_dtype: Literal["float32", "bfloat16"] = Field("float32", description="learner weight dtype")
     mixed_precision: Literal["bfloat16", "float16"] | None = Field(None, description="FSDP2 compute dtype (GPU)")
     engine_dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="engine dtype")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the learner and the hf engine run (auto: cuda when torch sees a GPU)"
+    )
     gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
+    hardware: str | None = Field(
+        None,
+        description="accelerator rtpo run checks the workers' memory against before starting (rtpo.plan: "
+        "H100-80GB, H200, A100-80GB, A100-40GB, L40S, cpu, or a YAML file); null = this machine",
+    )
 
 
 class FieldsSection(BaseModel):
-    """`task.fields`: where a record keeps each value, when its columns differ from the layout's (rtpo.data)."""
+    """`task.fields`: where a record keeps each value, when its columns differ from the layout's (rtpo.llm.data_files)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     question: str | None = Field(

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtpo.llm.sections import SandboxSection
-from rtpo.schema import ConfigError, pydantic_error
+from rtpo.scenario.schema import ConfigError, pydantic_error
 
 QA_KINDS = ("hotpotqa", "2wiki", "searchr1", "multihop")
 
@@ -39,17 +39,23 @@ class RetrieverSection(BaseModel):
     k1: float = Field(1.5, gt=0, description="bm25: term-frequency saturation")
     b: float = Field(0.75, ge=0, le=1, description="bm25: length normalisation")
     url: str | None = Field(None, description="http: the endpoint, e.g. http://127.0.0.1:8000/retrieve")
-    timeout_s: float = Field(10.0, gt=0, le=600, description="http: seconds per attempt")
+    timeout_s: float = Field(10.0, gt=0, le=600, description="http: total seconds per attempt, connection to last byte")
     retries: int = Field(2, ge=0, le=10, description="http: further attempts after a failure (backoff doubles)")
     backoff_s: float = Field(0.5, ge=0, le=60, description="http: first backoff")
+    max_response_bytes: int = Field(
+        16 << 20, ge=1024, le=1 << 31, description="http: a larger answer is a failed attempt"
+    )
     topk: int = Field(3, ge=1, le=50, description="passages per search call (Search-R1: 3)")
     max_query_chars: int = Field(500, ge=1, le=100_000, description="longer queries are refused (feedback)")
     max_passage_chars: int = Field(600, ge=1, le=100_000, description="each passage's text is cut to this")
+    max_title_chars: int = Field(200, ge=1, le=10_000, description="each passage's title is cut to this")
 
     @model_validator(mode="after")
     def _check(self) -> RetrieverSection:
         if self.kind == "http" and not self.url:
             raise ValueError("kind http needs url (the server's /retrieve endpoint)")
+        if self.url is not None and not (self.url.startswith(("http://", "https://")) and len(self.url) > 8):
+            raise ValueError(f"url must be an http:// or https:// endpoint, got {self.url[:80]!r}")
         return self
 
 
@@ -172,7 +178,13 @@ def build_retriever(task: QATaskConfig):
 
     r = task.retriever
     if r.kind == "http":
-        return HTTPRetriever(r.url, timeout_s=r.timeout_s, retries=r.retries, backoff_s=r.backoff_s)
+        try:
+            return HTTPRetriever(
+                r.url, timeout_s=r.timeout_s, retries=r.retries, backoff_s=r.backoff_s,
+                max_response_bytes=r.max_response_bytes,
+            )  # fmt: skip
+        except ValueError as e:
+            raise ConfigError(f"task.retriever.url: {e}") from None
     corpus = r.corpus
     try:
         if corpus is None:
@@ -184,9 +196,18 @@ def build_retriever(task: QATaskConfig):
             out = Path(task.data_dir) / f"corpus-{task.kind}-{key.hexdigest()[:16]}.jsonl"
             corpus = str(out if out.is_file() else corpus_from_contexts(tasks, out))
         cache = r.cache_dir or os.path.join(task.data_dir, "index")
-        return BM25Retriever(corpus, cache_dir=cache, k1=r.k1, b=r.b)
+        key = "task.retriever.cache_dir" if r.cache_dir else "task.data_dir"
+        for above in (Path(cache), *Path(cache).parents):
+            if above.exists() and not above.is_dir():
+                raise ConfigError(f"{key}: {above} is a file, not a folder for the BM25 index")
     except (CorpusError, QADataError) as e:
         raise ConfigError(f"task.retriever.corpus: {e}") from None
+    try:
+        return BM25Retriever(corpus, cache_dir=cache, k1=r.k1, b=r.b)
+    except CorpusError as e:
+        raise ConfigError(f"task.retriever.corpus: {e}") from None
+    except OSError as e:  # the cache folder cannot be created or written
+        raise ConfigError(f"{key}: cannot write the BM25 index there ({e.strerror or e})") from None
 
 
 def build_judge(judge: JudgeSection, model_dir: Any):
@@ -224,7 +245,7 @@ def qa_env_kwargs(task: QATaskConfig, retriever: Any, model_dir: Any = None) -> 
     tools = []
     for t in task.tools:
         if t == "search":
-            tools.append(SearchTool(retriever, r.topk, r.max_query_chars, r.max_passage_chars))
+            tools.append(SearchTool(retriever, r.topk, r.max_query_chars, r.max_passage_chars, r.max_title_chars))
         else:
             tools.append(t)
     if task.reward == "judge":

@@ -25,7 +25,7 @@ import numpy as np
 from rtpo.core.registry import Registry
 from rtpo.core.types import Ragged
 
-_TITLE = re.compile(r"^Doc \d+ \(Title: (.*?)\)", re.MULTILINE)
+_DOC = re.compile(r"^Doc (\d+) \(Title: ", re.MULTILINE)
 _CALL = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -33,11 +33,13 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 @dataclass(frozen=True)
 class TurnRecord:
     """What a summariser reads of one finished turn: the assistant's content (no thinking), its tool
-    calls (name, arguments) and the feedback texts it got back."""
+    calls (name, arguments), the feedback texts it got back and, per call, the names of what it found
+    (`ToolResult.found`: a search's titles; empty when the tool gives none)."""
 
     content: str
     calls: tuple[tuple[str, Any], ...]
     results: tuple[str, ...]
+    found: tuple[tuple[str, ...], ...] = ()
 
 
 class Summarizer(Protocol):
@@ -46,6 +48,24 @@ class Summarizer(Protocol):
 
 
 SUMMARIZERS: Registry = Registry("summarizer")
+
+
+def _titles(result: str) -> list[str]:
+    """Titles of a search result given only as text: the lines `Doc 1 (Title: …)`, `Doc 2 …` in order
+    (a `Doc N` line out of sequence is passage text), each title up to the parenthesis that closes
+    `(Title:`, so `Ed Wood (film)` stays whole."""
+    out: list[str] = []
+    for m in _DOC.finditer(result):
+        if int(m.group(1)) != len(out) + 1:
+            continue
+        depth, i = 1, m.end()
+        while i < len(result) and result[i] != "\n":
+            depth += {"(": 1, ")": -1}.get(result[i], 0)
+            if depth == 0:
+                out.append(result[m.end() : i])
+                break
+            i += 1
+    return out
 
 
 def _last_sentence(text: str, limit: int = 200) -> str:
@@ -73,7 +93,8 @@ class ExtractiveSummarizer:
         for j, (name, args) in enumerate(t.calls):
             res = results[j] if j < len(results) else ""
             if name == "search" and isinstance(args, dict):
-                titles = list(dict.fromkeys(_TITLE.findall(res)))[: self.max_titles]
+                named = t.found[j] if j < len(t.found) else ()
+                titles = list(dict.fromkeys(named or _titles(res)))[: self.max_titles]
                 found = "; ".join(titles) if titles else "nothing"
                 parts.append(f'searched "{str(args.get("query", ""))[:120]}" and found: {found}.')
             else:

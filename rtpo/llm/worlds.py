@@ -177,7 +177,7 @@ def parse_world_task(data: dict) -> WorldTaskConfig:
     """`task` of a world kind: the chat keys here, the rest to the kind's provider."""
     from pydantic import ValidationError
 
-    from rtpo.schema import ConfigError, pydantic_error
+    from rtpo.scenario.schema import ConfigError, pydantic_error
 
     provider = provider_of(data.get("kind"))
     if provider is None:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss_grad, closed_form_gradient, policy_loss
+from rtpo.core.schedule import LRSchedule, make_lr_scheduler, restore_lr
 from rtpo.core.types import Generation, Ragged, StepOutcome, TurnBatch
 from rtpo.tabular.mdp import TurnMDP
 from rtpo.tabular.policy import SoftmaxTable, TabularPolicy
@@ -167,16 +168,34 @@ class TabularSampler:
         self.load_weights(params)
 
     def load_weights(self, weights: np.ndarray) -> None:
+        """Take a copy of `weights`; rebuild the log-prob and cumulative tables of the turns they change.
+
+        A turn-separable policy's turn k depends on weights[k] alone, so a sync after one RTPO phase
+        (which trains one turn) recomputes that turn's rows only; the rows are the same arithmetic as a
+        whole rebuild (`policy.log_prob_turn`), so the tables are bit-identical either way (tested)."""
+        previous = self._params if getattr(self, "_table", None) is not None else None
         self._params = torch.as_tensor(np.array(weights, dtype=np.float64, copy=True))
-        self._table = self._cdf = None
         K, C, A = self.policy.num_turns, self.policy.num_contexts, self.policy.num_actions
-        if K * C * A <= self.table_limit:
+        if K * C * A > self.table_limit:
+            self._table = self._cdf = None
+            return
+        if previous is not None and self.policy.turn_separable and previous.shape == self._params.shape:
+            old, new = previous.numpy(), self._params.numpy()
+            changed = [k for k in range(K) if not np.array_equal(old[k], new[k])]
+            table, cdf = self._table.reshape(K, C, A), self._cdf.reshape(K, C, A)
             with torch.no_grad():
-                lp = self.policy.log_prob_table(self._params).numpy()
-            # one row per (turn, context) cell, row k·C + c: np.take of rows is a block copy (a 2-D fancy
-            # index costs several times as much)
-            self._table = lp.reshape(K * C, A)
-            self._cdf = np.cumsum(np.exp(self._table), axis=-1)
+                for k in changed:
+                    table[k] = self.policy.log_prob_turn(self._params, k).numpy()
+                    np.cumsum(np.exp(table[k]), axis=-1, out=cdf[k])
+            self.rebuilt_turns = len(changed)
+            return
+        with torch.no_grad():
+            lp = self.policy.log_prob_table(self._params).numpy()
+        # one row per (turn, context) cell, row k·C + c: np.take of rows is a block copy (a 2-D fancy
+        # index costs several times as much)
+        self._table = np.ascontiguousarray(lp.reshape(K * C, A))
+        self._cdf = np.cumsum(np.exp(self._table), axis=-1)
+        self.rebuilt_turns = K
 
     def action_log_probs(self, contexts: Ragged) -> np.ndarray:
         turn, ctx = _decode_contexts(contexts)
@@ -228,6 +247,7 @@ class TabularLearner:
         lr: float = 0.1,
         optimizer: str = "adam",
         closed_form: bool = True,
+        lr_schedule: LRSchedule | None = None,
     ) -> None:
         self.policy = policy
         # the closed form runs torch's own log_softmax backward kernel (bit-identical to autograd); a torch
@@ -248,6 +268,16 @@ class TabularLearner:
             self.opt = torch.optim.SGD(self.parts, lr=lr, foreach=False)
         else:
             raise ValueError(f"unknown optimizer {optimizer!r}; valid: adam, sgd")
+        self.steps = 0  # optimiser steps taken: the learning-rate schedule's position
+        self.sched = make_lr_scheduler(self.opt, lr_schedule or LRSchedule())
+
+    def _step(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The optimiser step, then the schedule's (metrics get the learning rate the step ran at)."""
+        metrics["train/lr"] = float(self.opt.param_groups[0]["lr"])
+        self.opt.step()
+        self.sched.step()
+        self.steps += 1
+        return metrics
 
     def _logits(self, turn: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         if not self.policy.turn_separable:
@@ -304,8 +334,7 @@ class TabularLearner:
         value.backward()
         grads = [p.grad for p in self.parts if p.grad is not None]
         metrics["train/grad_norm"] = float(torch.sqrt(sum((g**2).sum() for g in grads))) if grads else 0.0
-        self.opt.step()
-        return metrics
+        return self._step(metrics)
 
     def _table_rows(self, batch: TurnBatch) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(present turns, each row's cell in their stacked (turns·C) table, each row's action as (N, 1)):
@@ -350,8 +379,7 @@ class TabularLearner:
             for k, part in enumerate(self.parts):  # = zero_grad(set_to_none=True), then the present turns' grads
                 part.grad = slot.get(k)
             metrics["train/grad_norm"] = float(torch.sqrt(sum((g_**2).sum() for g_ in slot.values())))
-        self.opt.step()
-        return metrics
+        return self._step(metrics)
 
     def weights(self) -> np.ndarray:
         with torch.no_grad():
@@ -359,7 +387,12 @@ class TabularLearner:
             return w.numpy().copy()
 
     def state_dict(self) -> dict:
-        return {"params": self.weights(), "ref": self.ref_params.numpy().copy(), "opt": self.opt.state_dict()}
+        return {
+            "params": self.weights(),
+            "ref": self.ref_params.numpy().copy(),
+            "opt": self.opt.state_dict(),
+            "steps": self.steps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         w = torch.tensor(state["params"])
@@ -368,6 +401,8 @@ class TabularLearner:
                 part.copy_(x)
         self.ref_params = torch.as_tensor(state["ref"]).clone()
         self.opt.load_state_dict(state["opt"])
+        self.steps = int(state.get("steps", 0))  # a checkpoint from before schedules: a constant rate anyway
+        restore_lr(self.sched, self.steps)
 
 
 class TabularEvaluator:

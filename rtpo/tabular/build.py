@@ -10,10 +10,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rtpo.backends import BackendSpec, BuiltBackend, register_backend
 from rtpo.core.methods import RunContext
-from rtpo.evaluation import EvalSplit, SampledEval
-from rtpo.schema import (
+from rtpo.core.sampled_eval import EvalSplit, SampledEval
+from rtpo.scenario.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
+from rtpo.scenario.schema import (
     BackendConfig,
     ConfigError,
     ScenarioConfig,
@@ -136,7 +136,9 @@ def assemble(cfg: ScenarioConfig, mdp: TurnMDP, policy: TabularPolicy, env: Any)
     environment; backends that change only the environment or the policy (tabular_history) reuse it."""
     rng = np.random.default_rng(cfg.seed)
     params = policy.init_params(rng)
-    learner = TabularLearner(policy, params, lr=cfg.train.lr, optimizer=cfg.train.optimizer)
+    learner = TabularLearner(
+        policy, params, lr=cfg.train.lr, optimizer=cfg.train.optimizer, lr_schedule=cfg.train.lr_schedule_config()
+    )
     sampler = _RecordingSampler(policy, params)
     columnar = getattr(cfg.backend, "rollout_path", "columnar") == "columnar"
     ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng, columnar=columnar)
@@ -250,12 +252,10 @@ def memory_estimate(cfg) -> list[tuple[str, int]]:
     K, S, A, B = TASKS.get(cfg.task.kind).shape(cfg.task.params)
     dims = {"num_turns": K, "num_states": S, "num_actions": A}
     size_key = "task." + max((n for n in dims if hasattr(cfg.task.params, n)), key=dims.get)
-    per_query = cfg.method.build().rollouts_per_query(K) or getattr(cfg.method.config, "G", 1) * K
-    rollouts = cfg.budget.queries_per_iteration * per_query
     return [
         (size_key, K * S * A * B * _BYTES_PER_MDP_ENTRY),
         (size_key, K * S * A * _BYTES_PER_POLICY_CELL),
-        ("budget.queries_per_iteration", int(rollouts * K * _BYTES_PER_SAMPLED_TURN)),
+        rollout_memory(cfg, K, _BYTES_PER_SAMPLED_TURN),
     ]
 
 

@@ -63,7 +63,7 @@ class TurnMDPEnv(gymnasium.Env):
     @classmethod
     def from_scenario(cls, scenario: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()):
         """The MDP of a tabular scenario file (None = the embedded default), seen through its ψ."""
-        from rtpo.config import ConfigError, load_scenario
+        from rtpo.scenario.load import ConfigError, load_scenario
         from rtpo.tabular.build import build_mdp
 
         cfg = load_scenario(scenario, list(overrides))

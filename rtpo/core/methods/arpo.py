@@ -2,14 +2,21 @@
 
 Per query: N of the M budgeted rollouts start from the prompt.  After each tool call (on the tabular
 backend every turn is one), the rollout's normalised entropy H_k at the next boundary is compared with
-its entropy H_0 at the prompt, and it branches (one new continuation forked from that boundary) with
-probability P = clip(α + β·(H_k − H_0), 0, 1) — the public code draws u ~ U(0,1) and branches iff
-clip(u − β·ΔH, 0, 1) ≤ τ, i.e. with probability clip(τ + β·ΔH, 0, 1), so its threshold τ plays α's role
-(both 0.5 in E.3).  `stochastic=False` uses the paper text's rule instead: branch iff P > τ.  Each
-initial rollout branches at most once (at its first trigger); branches do not branch again; the rest of
-the budget is filled with fresh rollouts.  Every rollout's root-to-leaf path is a training sequence
-with the plain GRPO advantage over the query's M rows ("soft" attribution: a shared prefix, present in
-several sequences, receives the sum of their advantages).
+its entropy H_0 at the prompt, ΔH = H_k − H_0.  Two branching rules:
+
+- `stochastic: true` (the public code): draw u ~ U(0,1) and branch iff clip(u − β·ΔH, 0, 1) ≤ τ, i.e.
+  with probability clip(τ + β·ΔH, 0, 1).  τ is the threshold here and α plays no part.
+- `stochastic: false` (the paper's text): P = clip(α + β·ΔH, 0, 1) and branch iff P > τ.
+
+With E.3's α = τ = 0.5 the stochastic rule branches with the paper text's P.
+
+A variant, not the public implementation, in how often it branches: here each initial rollout branches
+at most once (at its first trigger), branches do not branch again, and the rest of the budget is filled
+with fresh rollouts.  The public code re-tests the rule at every tool round of every rollout, branches
+included (a tree grown recursively until the M slots are spent).  The variant keeps the budget
+accounting of a flat group simple; it spends fewer slots on branches of branches.  Every rollout's
+root-to-leaf path is a training sequence with the plain GRPO advantage over the query's M rows ("soft"
+attribution: a shared prefix, present in several sequences, receives the sum of their advantages).
 
 The entropy comes from the sampler, an `EntropySampler`: `normalized_entropy(contexts, turn) -> (B,)`, H/log|V|
 (the public code uses the top-k log-probs of the first 20 new tokens; the tabular sampler gives the
@@ -32,7 +39,8 @@ from rtpo.core.types import Ragged
 @dataclass(frozen=True)
 class ARPOConfig(FlatUpdateConfig):
     """M: rollout budget per query (16); N: initial rollouts (8); alpha, beta, tau: E.3's 0.5, 0.2, 0.5.
-    stochastic: branch with probability P (public code) or iff P > tau (paper text).
+    stochastic: branch with probability clip(tau + beta·ΔH) (public code; alpha unused) or iff
+                clip(alpha + beta·ΔH) > tau (paper text); see `branch_probability`.
     normalize: GRPO's normalised advantage; std: its σ, unbiased (n − 1) or population (n), as GRPO's.
     Loss settings as GRPO's."""
 
@@ -51,6 +59,13 @@ class ARPOConfig(FlatUpdateConfig):
             raise ValueError(f"std must be one of {estimators.GROUP_STDS}, got {self.std!r}")
         if not 1 <= self.N <= self.M or self.M < 2:
             raise ValueError(f"ARPO needs 1 <= N <= M and M >= 2, got N={self.N} M={self.M}")
+
+
+def branch_probability(h_now: np.ndarray, h_init: float, cfg: ARPOConfig) -> np.ndarray:
+    """(n,) per boundary: the probability the stochastic rule branches with, clip(τ + β·ΔH, 0, 1) (public
+    code), or the paper text's P = clip(α + β·ΔH, 0, 1) that the deterministic rule compares with τ."""
+    base = cfg.tau if cfg.stochastic else cfg.alpha
+    return estimators.arpo_branch_probability(h_now, h_init, base, cfg.beta)
 
 
 def first_branch(p: np.ndarray, u: np.ndarray | None, tau: float) -> int:
@@ -87,7 +102,7 @@ class ARPO(GroupRelative):
         for i, (t, row) in enumerate(zip(res.trajectories, res.boundaries)):
             h_row = h[pos : pos + len(row)]
             pos += len(row)
-            p = estimators.arpo_branch_probability(h_row[1:], h_row[0], cfg.alpha, cfg.beta)
+            p = branch_probability(h_row[1:], h_row[0], cfg)
             u = ctx.rng.random(p.size) if cfg.stochastic else None
             j = first_branch(p, u, cfg.tau)
             if j >= 0 and slots[i // cfg.N] > 0:

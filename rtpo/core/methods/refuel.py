@@ -35,12 +35,18 @@ class REFUELConfig(UpdateConfig):
 
     eta:            η of the regression target η (R − R′) (the step-size scale of the implied update).
     pairs_per_query: roll-ins per query, each giving one pair at its own h.
-    epochs, minibatch_size (pairs per optimiser step), kl_coef, log_ratio_clip: UpdateConfig's;
-                    clip_eps does not apply to the regression.
+    epochs, minibatch_size (pairs per optimiser step), kl_coef: UpdateConfig's; clip_eps does not apply
+                    to the regression.
+    log_ratio_clip: off (None) by default, as in REFUEL, whose regression has no clamp: a pair whose
+                    log-ratio gap has run far from η (R − R′) is pulled back however far it went.  Setting it
+                    (e.g. E.3's 10, which the other methods' surrogate uses) clamps each token's log-ratio
+                    before the sum: a deliberate deviation from REFUEL that zeroes the gradient of a
+                    clamped token.
     """
 
     eta: float = 1.0
     pairs_per_query: int = 1
+    log_ratio_clip: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

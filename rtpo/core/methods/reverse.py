@@ -208,15 +208,22 @@ class ReverseTurn(Method):
         return self.update_turn(ctx, sibs, adv.reshape(-1), keep, metrics)
 
     def update_turn(
-        self, ctx: RunContext, sibs: list, adv: np.ndarray, keep: np.ndarray, metrics: dict
+        self,
+        ctx: RunContext,
+        sibs: list,
+        adv: np.ndarray,
+        keep: np.ndarray,
+        metrics: dict,
+        weight: np.ndarray | None = None,
     ) -> dict[str, float]:
         """Algorithm 1 step 2.4: PPO on the turn-k tokens (Eq. 6, 80) of the siblings with keep[i], sibling
-        i carrying the advantage adv[i] (both (len(sibs),))."""
+        i carrying the advantage adv[i] (both (len(sibs),)) and, if given, the surrogate weight weight[i]."""
         rows = np.flatnonzero(keep)
         if rows.size == 0:
             return metrics
         chosen = sibs.select(rows) if isinstance(sibs, Rollouts) else [sibs[i] for i in rows]
-        batch = turn_rows(chosen, np.zeros(rows.size, np.int64), np.asarray(adv)[rows])
+        w = None if weight is None else np.asarray(weight, np.float64)[rows]
+        batch = turn_rows(chosen, np.zeros(rows.size, np.int64), np.asarray(adv)[rows], weight=w)
         metrics.update(rollout_train_ratio(ctx.learner, batch))
         metrics.update(
             ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng)

@@ -31,10 +31,26 @@ is likely to be informative:
 
 Bias.  The allocation depends on the prior, the trunk's return and earlier phases' siblings, never on
 the siblings it allocates, so each group's sibling-mean advantage is still unbiased for the advantage
-at its boundary state (Eq. 7, 52).  What changes is the weight of each state in the update (like the
-trunk selection of rtpo_multitrunk): states predicted to tie get less, and they would have contributed
-a zero advantage.  The spend per phase is exactly B_k, fixed G's, so equal-rollout comparisons against
-fixed G hold iteration by iteration.
+at its boundary state (Eq. 7, 52).  What changes is the weight of each state in the update.  With a
+linear estimator whose own-return coefficient is c(n) (sibling_mean: 1 − 1/n; leave_one_out: 1), a group
+of n siblings from s contributes, in expectation at θ = θ_old,
+
+    E[Σ_j A_j ∇log π(y_j | c_k)] = n · c(n) · g(s),   g(s) = E_{y~π}[R(y) ∇log π(y | c_k)],
+
+where fixed-G RTPO's group contributes (G−1) · c(G−1) · g(s).  So `weighting: per_group` (the default,
+the behaviour the tables were measured with) reweights each state by n·c(n) / ((G−1)·c(G−1)): with
+sibling_mean (c(n) = 1 − 1/n, so n·c(n) = n − 1) a state given n siblings counts (n − 1)/(G − 2): at G = 3,
+0× skipped, 1× with 2 siblings, 2× with 3 and 3× at the cap of 2(G − 1) = 4.  In a table each
+state has its own parameters and only the step size per state changes; with shared parameters it
+changes the direction of the whole gradient.  A skipped state is not free either: its g(s) is zero only
+where its return is deterministic under π, so "predicted to tie" removes a small but non-zero term in
+expectation.  `weighting: fixed_g` multiplies every row of a group of n by (G−1)·c(G−1) / (n·c(n)): each
+state that gets a group then contributes exactly fixed-G RTPO's expected gradient (tests/
+test_rtpo_adaptive.py checks both weightings by exact enumeration; rtpo/verify/test_baselines.py holds
+the claim with a mutant); the skipped states' terms remain missing.  `fixed_g` needs a linear estimator
+(sibling_mean, leave_one_out, ...): a normalising one (group_norm) has no such coefficient and is
+refused.  The spend per phase is exactly B_k, fixed G's, so equal-rollout comparisons against fixed G
+hold iteration by iteration.
 
 The posterior store is the method's state across iterations; the runner checkpoints it
 (Method.state_dict), so a resumed run allocates as the uninterrupted one.
@@ -53,6 +69,7 @@ from rtpo.core.methods.reverse import ReverseTurn, RTPOConfig, boundary_inputs, 
 from rtpo.core.types import BoundaryRows, Ragged, ReverseTree, Rollouts, discounted_return, segment_returns
 
 MIN_GROUP = 2  # a group of one sibling is its own baseline (A = 0)
+WEIGHTINGS = ("per_group", "fixed_g")
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,9 @@ class RTPOAdaptiveConfig(RTPOConfig):
     forget:       factor on every state's outcome counts at each iteration start (1: never forget).
     reward_low:   the return mapped to outcome 0 (returns below count as 0).
     reward_high:  the return mapped to outcome 1 (returns above count as 1).
+    weighting:    "per_group" (each group's rows weigh 1: a state given n siblings counts n·c(n), see the
+                  module's Bias paragraph) or "fixed_g" (rows of a group of n weigh (G−1)·c(G−1)/(n·c(n)), so
+                  every state given a group carries fixed-G RTPO's expected gradient; linear estimators only).
     """
 
     max_siblings: int | None = None
@@ -73,6 +93,7 @@ class RTPOAdaptiveConfig(RTPOConfig):
     forget: float = 0.5
     reward_low: float = 0.0
     reward_high: float = 1.0
+    weighting: str = "per_group"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,6 +107,10 @@ class RTPOAdaptiveConfig(RTPOConfig):
             raise ValueError(f"forget must be in [0, 1], got {self.forget}")
         if not self.reward_high > self.reward_low:
             raise ValueError(f"reward_high ({self.reward_high}) must be > reward_low ({self.reward_low})")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+        if self.weighting == "fixed_g":
+            own_return_coefficient(self.estimator, self.G - 1)  # refuses a non-linear estimator now
 
     @property
     def cap(self) -> int:
@@ -185,6 +210,30 @@ def ragged_advantages(estimator: str, returns: np.ndarray, sizes: np.ndarray) ->
     return adv, zero
 
 
+def own_return_coefficient(estimator: str, n: int) -> float:
+    """c(n): the coefficient of a sibling's own return in its advantage, for a registered estimator that is
+    linear in the group's returns (A = M R, c(n) = M_jj, the same for every j).  sibling_mean (Eq. 7):
+    1 − 1/n; leave_one_out: 1.  A non-linear estimator (one that normalises) has none: ValueError."""
+    est = estimators.get(estimator)
+    m = np.asarray(est(np.eye(n)), np.float64)  # row j: the advantages when only sibling j returns 1
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((2, 1, n))
+    linear = np.allclose(est(x + 2.5 * y), est(x) + 2.5 * np.asarray(est(y)), atol=1e-9) and np.allclose(
+        est(3.0 * x), 3.0 * np.asarray(est(x)), atol=1e-9
+    )
+    if not linear or not np.allclose(np.diag(m), m[0, 0], atol=1e-12):
+        raise ValueError(f"weighting 'fixed_g' needs an estimator linear in the returns; {estimator!r} is not")
+    return float(m[0, 0])
+
+
+def group_weights(estimator: str, sizes: np.ndarray, fixed_n: int) -> np.ndarray:
+    """(len(sizes),) weighting='fixed_g': (G−1)·c(G−1) / (n·c(n)) for each group of n = sizes[i] siblings,
+    so that n·c(n)·w = (G−1)·c(G−1), fixed-G RTPO's expected contribution per state (module docstring)."""
+    target = fixed_n * own_return_coefficient(estimator, fixed_n)
+    per_n = {int(n): target / (n * own_return_coefficient(estimator, int(n))) for n in np.unique(sizes)}
+    return np.array([per_n[int(n)] for n in sizes], np.float64)
+
+
 def _take(snapshots, idx: np.ndarray):
     if isinstance(snapshots, np.ndarray):
         return snapshots[idx]
@@ -274,4 +323,8 @@ class RTPOAdaptive(ReverseTurn):
             }
         )
         keep = ~tied if self.cfg.drop_zero_groups else np.ones(len(sibs), dtype=bool)
-        return self.update_turn(ctx, sibs, adv, keep, metrics)
+        weight = None
+        if self.cfg.weighting == "fixed_g":
+            weight = np.repeat(group_weights(self.cfg.estimator, sizes, self.cfg.G - 1), sizes)
+            metrics["alloc/weight_mean"] = float(weight.mean())
+        return self.update_turn(ctx, sibs, adv, keep, metrics, weight=weight)

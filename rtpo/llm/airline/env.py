@@ -38,7 +38,7 @@ from rtpo.llm.airline.db import AirlineDB
 from rtpo.llm.airline.reward import AirlineScorer
 from rtpo.llm.airline.tools import TOOLS, airline_toolset, call_tool
 from rtpo.llm.airline.user import TRANSFER_MESSAGE
-from rtpo.llm.chat import IM_END, IM_START, Qwen3Chat, parse_response
+from rtpo.llm.chat import Qwen3Chat, parse_response
 from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
 
 EMPTY_USER_REPLY = "(no reply)"
@@ -219,7 +219,8 @@ class AirlineEnv:
             finished = ids.size > 0 and int(ids[-1]) in self.chat.stop_ids
             p = parse_response(self.chat.decode(ids[:-1] if finished else ids), finished=finished)
             m["truncated_turns"] += int(not p.finished)
-            blocks[i] = (self.chat.raw_assistant_block(ids), self.chat.assistant_block(p.content))
+            sampled = ids[:-1] if finished else ids
+            blocks[i] = (self.chat.raw_assistant_block(ids), self.chat.assistant_block(p.content, sampled))
             if p.tool_calls or p.errors:
                 e, results, bad, transferred = self._run_calls(e, p)
                 malformed[i] = bad
@@ -289,7 +290,7 @@ class AirlineEnv:
         return replace(e, state=e.state.append(TurnBlocks(raw=raw, stripped=stripped, feedback=feedback)))
 
     def _user_block(self, text: str) -> np.ndarray:
-        return self.chat.ids(f"{IM_START}user\n{self._cut(text)}{IM_END}\n")
+        return self.chat.user_block(self._cut(text))
 
     def _cut(self, text: str) -> str:
         cap = self.max_feedback_chars

@@ -105,7 +105,7 @@ class LLMJudge:
         self.engine = engine
         self.tokenizer = tokenizer
 
-    def prompt(self, assertion: str, assistant_messages: Sequence[str]) -> str:
+    def messages(self, assertion: str, assistant_messages: Sequence[str]) -> list[dict]:
         said = "\n".join(f"- {m}" for m in assistant_messages) or "(the agent said nothing)"
         msgs = [
             {
@@ -114,8 +114,20 @@ class LLMJudge:
             },
             {"role": "user", "content": f"The agent's messages:\n{said}\n\nIs this true of them: {assertion}"},
         ]
+        return msgs
+
+    def prompt(self, assertion: str, assistant_messages: Sequence[str]) -> str:
         return self.tokenizer.apply_chat_template(
-            msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False
+            self.messages(assertion, assistant_messages), tokenize=False, add_generation_prompt=True,
+            enable_thinking=False,
+        )  # fmt: skip
+
+    def prompt_ids(self, assertion: str, assistant_messages: Sequence[str]):
+        """The judge's prompt ids; the agent's messages and the assertion are untrusted text."""
+        from rtpo.llm.context_text import ContextEncoder
+
+        return ContextEncoder.for_tokenizer(self.tokenizer).chat(
+            self.messages(assertion, assistant_messages), add_generation_prompt=True, enable_thinking=False
         )
 
     def __call__(self, task: AirlineTask, assistant_messages: Sequence[str]) -> float:
@@ -125,10 +137,7 @@ class LLMJudge:
 
         if not task.nl_assertions:
             return 1.0
-        rows = [
-            np.asarray(self.tokenizer.encode(self.prompt(a, assistant_messages), add_special_tokens=False), np.int64)
-            for a in task.nl_assertions
-        ]
+        rows = [self.prompt_ids(a, assistant_messages) for a in task.nl_assertions]
         gen = self.engine.generate(
             Ragged.from_rows(rows, dtype=np.int64), np.zeros(len(rows), np.int64), 1, np.random.default_rng(0)
         )

@@ -31,6 +31,7 @@ import numpy as np
 
 from rtpo.core.registry import Registry
 from rtpo.llm.airline.data import AirlineTask
+from rtpo.llm.context_text import ContextEncoder
 
 STOP = "###STOP###"
 TRANSFER = "###TRANSFER###"
@@ -144,10 +145,9 @@ class LLMUser:
 
     def _ids(self, conversation: tuple) -> np.ndarray:
         msgs = [{"role": r, "content": t} for r, t in conversation]
-        text = self.tokenizer.apply_chat_template(
-            msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False
-        )
-        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+        # the agent's messages and the scenario are untrusted text here: never control tokens
+        encoder = ContextEncoder.for_tokenizer(self.tokenizer)
+        return encoder.chat(msgs, add_generation_prompt=True, enable_thinking=False)
 
     def reply(
         self, tasks: Sequence[AirlineTask], states: Sequence[tuple], messages: Sequence[str], rng: np.random.Generator

@@ -2,8 +2,10 @@
 
 It implements the core's Sampler protocol with the same contract as the vLLM engine (n samples per
 context, per-turn token limits, stop tokens, processed log-probs; see engines/base.py).  It decodes
-all B·n rows as one left-padded batch with a KV cache; slow next to vLLM, but simple enough to serve
-as the ground truth in the engine tests.
+all B·n rows as one left-padded batch with a KV cache, in the model's dtype on its device; slow next to
+vLLM, but simple enough to serve as the ground truth in the engine tests.  On a GPU it is the fallback
+sampler where vLLM is missing: each decoding step samples on the device (the device's own generator)
+and only the B·n sampled ids leave it; the per-token log-probs stay there until the batch ends.
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ class HFEngine:
         self.vocab_size = int(cfg.vocab_size)
         self.max_model_len = max_model_len or getattr(cfg, "max_position_embeddings", None)
 
+    def _generator(self, seed: int) -> torch.Generator:
+        """The sampling generator, on the model's device when that device has generators of its own (a
+        GPU: multinomial there needs one; CPU runs keep the CPU generator and so their exact samples)."""
+        kind = self.device.type if self.device.type in ("cuda", "xpu", "mps") else "cpu"
+        return torch.Generator(device=kind).manual_seed(seed)
+
     @property
     def stop_ids(self) -> list[int]:
         """The model's EOS ids plus the sampling config's stop ids."""
@@ -105,7 +113,7 @@ class HFEngine:
         limits = torch.as_tensor(fit_to_model_len(cfg.max_tokens_for(turn), contexts.lengths, self.max_model_len)[rows])
         if rows.size == 0:
             return to_generation([], [])
-        gen = torch.Generator(device="cpu").manual_seed(int(seeds_from(rng, 1)[0]))
+        gen = self._generator(int(seeds_from(rng, 1)[0]))
         ctx = contexts.take(rows)
         dense, mask = ctx.to_dense(pad=self.pad_id)
         width = dense.shape[1]
@@ -121,13 +129,18 @@ class HFEngine:
         position = (attention.cumsum(-1) - 1).clamp(min=0)
         stop = torch.as_tensor(self.stop_ids, dtype=torch.long, device=self.device)
         num = rows.size
-        out_tokens = torch.full((num, int(limits.max())), -1, dtype=torch.long)
-        out_logp = torch.zeros((num, int(limits.max())), dtype=torch.float64)
-        done = torch.zeros(num, dtype=torch.bool)
-        length = torch.zeros(num, dtype=torch.long)
+        # everything per token stays on the device: the (rows, V) distribution is sampled there, and the
+        # only host read per step is the one flag that says whether every row has stopped
+        dev = self.device
+        longest = int(limits.max())
+        limits = limits.to(dev)
+        out_tokens = torch.full((num, longest), -1, dtype=torch.long, device=dev)
+        out_logp = torch.zeros((num, longest), dtype=torch.float64, device=dev)
+        done = torch.zeros(num, dtype=torch.bool, device=dev)
+        length = torch.zeros(num, dtype=torch.long, device=dev)
         past: Any = None
         step_ids, step_pos = input_ids, position
-        for t in range(int(limits.max())):
+        for t in range(longest):
             out = self.model(
                 input_ids=step_ids,
                 attention_mask=attention,
@@ -143,18 +156,18 @@ class HFEngine:
             if cfg.greedy:
                 nxt = lp.argmax(dim=-1)
             else:
-                nxt = torch.multinomial(lp.exp().cpu(), 1, generator=gen).squeeze(1).to(self.device)
+                nxt = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(1)
             live = ~done
-            out_tokens[live, t] = nxt[live].cpu()
-            out_logp[live, t] = lp.gather(1, nxt[:, None]).squeeze(1)[live].double().cpu()
-            length[live] += 1
-            done |= torch.isin(nxt, stop).cpu() | (length >= limits)
+            out_tokens[:, t] = torch.where(live, nxt, out_tokens[:, t])
+            out_logp[:, t] = torch.where(live, lp.gather(1, nxt[:, None]).squeeze(1).double(), out_logp[:, t])
+            length += live.long()
+            done |= torch.isin(nxt, stop) | (length >= limits)
             if bool(done.all()):
                 break
-            step_ids = torch.where(done.to(self.device), torch.full_like(nxt, self.pad_id), nxt)[:, None]
+            step_ids = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)[:, None]
             step_pos = step_pos[:, -1:] + 1
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-        lens = length.numpy()
+        lens, out_tokens, out_logp = length.cpu().numpy(), out_tokens.cpu(), out_logp.cpu()
         return to_generation(
             [out_tokens[i, : lens[i]].numpy() for i in range(num)], [out_logp[i, : lens[i]].numpy() for i in range(num)]
         )

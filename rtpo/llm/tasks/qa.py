@@ -2,7 +2,7 @@
 a seeded generator of multi-hop questions written in the official HotpotQA format, and the corpus
 (`{id, title, text}` JSONL) a retriever indexes.
 
-Nothing is downloaded: point a loader at a file you have (any format rtpo.data reads: JSONL, a JSON
+Nothing is downloaded: point a loader at a file you have (any format rtpo.llm.data_files reads: JSONL, a JSON
 list, Parquet, Arrow, a datasets save_to_disk folder).  A bad file is a one-line `QADataError`
 naming the file, the record (line or 1-based position) and the field.
 
@@ -31,6 +31,7 @@ Answer format (the choice this module makes for the prompt): the model gives its
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -89,8 +90,8 @@ class QATask:
 
 
 def _records(path: str) -> Iterator[tuple[str, Any]]:
-    """(place, record) of a data file or datasets folder, read by rtpo.data (JSONL, JSON, Parquet, Arrow)."""
-    from rtpo.data import DataError, iter_raw
+    """(place, record) of a data file or datasets folder, read by rtpo.llm.data_files (JSONL, JSON, Parquet, Arrow)."""
+    from rtpo.llm.data_files import DataError, iter_raw
 
     try:
         yield from iter_raw(path)
@@ -113,6 +114,8 @@ def _answers(value: Any, where: str) -> tuple[str, ...]:
     for v in values:
         if isinstance(v, bool) or v is None:
             raise QADataError(f"{where}: an answer must be a string or number, got {v!r}")
+        if isinstance(v, float) and not math.isfinite(v):  # JSON's NaN/Infinity: no answer to compare with
+            raise QADataError(f"{where}: a gold answer is {v!r}, not a string or a finite number")
         if isinstance(v, (int, float)):
             v = str(int(v)) if float(v).is_integer() else str(v)
         if not isinstance(v, str):
@@ -124,7 +127,21 @@ def _answers(value: Any, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _paragraphs(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+def _join_sentences(sents: Sequence[str], layout: str) -> str:
+    """A paragraph from its sentences as the official files require: HotpotQA's sentences keep the space
+    that separates them (" It lies ..."), so they are concatenated; 2WikiMultiHopQA's have none, so one
+    space goes between two sentences unless one of them already has it."""
+    if layout != "2wiki":
+        return "".join(sents)
+    out = ""
+    for s in sents:
+        if out and s and not out[-1].isspace() and not s[0].isspace():
+            out += " "
+        out += s
+    return out
+
+
+def _paragraphs(value: Any, where: str, layout: str = "hotpotqa") -> tuple[tuple[str, str], ...]:
     """HotpotQA/2Wiki `context`: [[title, [sentence, ...]], ...] -> ((title, text), ...)."""
     if value is None:
         return ()
@@ -139,7 +156,7 @@ def _paragraphs(value: Any, where: str) -> tuple[tuple[str, str], ...]:
             sents = [sents]
         if not isinstance(sents, list) or not all(isinstance(s, str) for s in sents):
             raise QADataError(f"{where}: context[{j}] sentences must be a list of strings")
-        out.append((title.strip(), "".join(sents).strip()))
+        out.append((title.strip(), _join_sentences(sents, layout).strip()))
     return tuple(out)
 
 
@@ -150,8 +167,12 @@ def _titles(value: Any, where: str) -> tuple[str, ...]:
         raise QADataError(f"{where}: field 'supporting_facts' must be a list of [title, sentence id] pairs")
     out = []
     for j, fact in enumerate(value):
-        if not (isinstance(fact, (list, tuple)) and fact and isinstance(fact[0], str)):
-            raise QADataError(f"{where}: supporting_facts[{j}] must be [title, sentence id]")
+        ok = isinstance(fact, (list, tuple)) and len(fact) == 2 and isinstance(fact[0], str)
+        if not ok or isinstance(fact[1], bool) or not isinstance(fact[1], int) or fact[1] < 0:
+            raise QADataError(
+                f"{where}: field supporting_facts[{j}] must be [title, sentence id] (an integer >= 0), "
+                f"got {json.dumps(fact, default=str)[:80]}"
+            )
         out.append(fact[0].strip())
     return tuple(dict.fromkeys(out))
 
@@ -168,7 +189,7 @@ def _hotpot_like(rec: dict, where: str, layout: str) -> dict:
         "question": _text(rec, "question", where),
         "answer": golds,
         "titles": _titles(rec.get("supporting_facts"), where),
-        "paragraphs": _paragraphs(rec.get("context"), where),
+        "paragraphs": _paragraphs(rec.get("context"), where, layout),
     }
 
 

@@ -42,12 +42,14 @@ from rtpo.core.registry import Registry
 class ToolResult:
     """The outcome of one call.  text: what the model reads; ok: the call did what was asked;
     metrics: counters added to the environment's metrics (under tool/<name>/); state: the tool's next
-    per-episode state (None: unchanged)."""
+    per-episode state (None: unchanged); found: the names of what the call found, in order (search: the
+    passages' titles), so a summary never has to parse them back out of `text`."""
 
     text: str
     ok: bool = True
     metrics: Mapping[str, float] = field(default_factory=dict)
     state: Any = None
+    found: tuple[str, ...] = ()
 
 
 class Tool:
@@ -223,7 +225,7 @@ class ToolSet:
         if tool.stateful and res.state is not None:
             new_state = dict(state or {})
             new_state[tool.slot] = res.state
-        return ToolResult(res.text, res.ok, res.metrics, new_state)
+        return ToolResult(res.text, res.ok, res.metrics, new_state, res.found)
 
     def run_batch(
         self,

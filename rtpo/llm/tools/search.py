@@ -1,7 +1,7 @@
 """The `search` tool: a query against a retriever (rtpo.llm.retrieval), the top passages as feedback.
 
-Feedback (Search-R1's passage layout): one line per passage, `Doc i (Title: t) text`, each text cut to
-`max_passage_chars`.  Per-episode state (`SearchState`, immutable, kept in the episode snapshot): the
+Feedback (Search-R1's passage layout): `Doc i (Title: t) text` per passage, each text cut to
+`max_passage_chars` and each title to `max_title_chars` (its whitespace runs made single spaces).  Per-episode state (`SearchState`, immutable, kept in the episode snapshot): the
 queries issued and the titles retrieved, so an episode's end metrics can say how many searches it made
 and how much of the gold supporting evidence it saw; a sibling forked from a boundary inherits its
 trunk's state and re-issues nothing (the results are already in its context).
@@ -36,7 +36,8 @@ class SearchState:
 @TOOLS.register("search")
 class SearchTool(Tool):
     """retriever: a Retriever, or a spec {kind: bm25 | http, ...its parameters}; topk: passages per call;
-    max_query_chars: longer queries are refused; max_passage_chars: each passage's text is cut to this."""
+    max_query_chars: longer queries are refused; max_passage_chars: each passage's text is cut to this;
+    max_title_chars: each title is cut to this (a title's line breaks become spaces: one title, one line)."""
 
     name = "search"
     description = (
@@ -51,18 +52,20 @@ class SearchTool(Tool):
         topk: int = 3,
         max_query_chars: int = 500,
         max_passage_chars: int = 600,
+        max_title_chars: int = 200,
     ) -> None:
         if retriever is None:
             raise ValueError("the search tool needs a retriever (task.retriever: {kind: bm25, corpus: ...})")
         if isinstance(retriever, dict):
             spec = dict(retriever)
             retriever = make_retriever(spec.pop("kind", "bm25"), **spec)
-        if topk < 1 or max_query_chars < 1 or max_passage_chars < 1:
-            raise ValueError("search tool: topk, max_query_chars and max_passage_chars must be >= 1")
+        if min(topk, max_query_chars, max_passage_chars, max_title_chars) < 1:
+            raise ValueError("search tool: topk, max_query_chars, max_passage_chars and max_title_chars must be >= 1")
         self.retriever = retriever
         self.topk = int(topk)
         self.max_query_chars = int(max_query_chars)
         self.max_passage_chars = int(max_passage_chars)
+        self.max_title_chars = int(max_title_chars)
         self.parameters = {
             "type": "object",
             "properties": {
@@ -108,11 +111,15 @@ class SearchTool(Tool):
         new = SearchState(st.queries + (query,), titles)
         if not hits:
             return ToolResult("No passage matched the query.", ok=True, metrics={"empty": 1.0}, state=new)
-        lines = []
+        lines, shown = [], []
         for i, h in enumerate(hits, start=1):
+            title = " ".join(h.title.split())
+            title = title if len(title) <= self.max_title_chars else title[: self.max_title_chars] + "..."
             text = h.text if len(h.text) <= self.max_passage_chars else h.text[: self.max_passage_chars] + "..."
-            lines.append(f"Doc {i} (Title: {h.title}) {text}")
-        return ToolResult("\n".join(lines), ok=True, metrics={"passages": float(len(hits))}, state=new)
+            lines.append(f"Doc {i} (Title: {title}) {text}")
+            shown.append(title)
+        metrics = {"passages": float(len(hits))}
+        return ToolResult("\n".join(lines), ok=True, metrics=metrics, state=new, found=tuple(shown))
 
     def end_metrics(self, state: Any, item: Any) -> dict[str, float]:
         st = state if isinstance(state, SearchState) else SearchState()

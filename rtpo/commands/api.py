@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtpo.schema import SECTIONS, ConfigError, ScenarioConfig
+from rtpo.scenario.schema import SECTIONS, ConfigError, ScenarioConfig
 
 
 @dataclass
@@ -41,7 +41,7 @@ class TrainResult:
 
 def _merge(node: dict, key: str, value: Any) -> None:
     """Set `key` (dotted) in the raw mapping; a mapping value merges into an existing section."""
-    from rtpo.config import dotted_parent
+    from rtpo.scenario.load import dotted_parent
 
     node, last = dotted_parent(node, key)
     if isinstance(value, Mapping) and isinstance(node.get(last), dict):
@@ -52,7 +52,7 @@ def _merge(node: dict, key: str, value: Any) -> None:
 
 
 def _scenario_data(scenario: Any) -> dict:
-    from rtpo.config import default_scenario_text, parse_yaml
+    from rtpo.scenario.load import default_scenario_text, parse_yaml
 
     if scenario is None:
         return parse_yaml(default_scenario_text(), "default scenario")
@@ -83,8 +83,8 @@ def resolve(scenario: Any = None, plugins: Sequence[str] = (), **overrides: Any)
     written with `__` (`budget__iterations=5` is `budget.iterations=5`).  Values are Python values, not
     YAML text.  Giving another `method.name` keeps only the keys the new method also has, as `rtpo run
     method.name=...` does."""
-    from rtpo import plugins as _plugins
-    from rtpo.config import _switch_method, parse_scenario
+    from rtpo.scenario import plugins as _plugins
+    from rtpo.scenario.load import _switch_method, parse_scenario
 
     data = _scenario_data(scenario)
     before = data.get("method", {}).get("name") if isinstance(data.get("method"), dict) else None
@@ -92,7 +92,7 @@ def resolve(scenario: Any = None, plugins: Sequence[str] = (), **overrides: Any)
     for raw_key, value in overrides.items():
         key = raw_key.replace("__", ".")
         if key.split(".", 1)[0] not in SECTIONS:
-            from rtpo.schema import suggest
+            from rtpo.scenario.schema import suggest
 
             raise ConfigError(
                 f"{key}: unknown key{suggest(key.split('.', 1)[0], SECTIONS)} (valid: {', '.join(SECTIONS)})"
@@ -125,10 +125,10 @@ def train(
               in memory only, because a run folder's config.yaml could not rebuild the MDP.
     out:      None (default): in memory, nothing written.  A folder: a run folder is made in it, exactly
               as `rtpo run --out OUT` makes one.
-    plugins:  modules to import first (rtpo.plugins), recorded in the config as `--plugin` does.
+    plugins:  modules to import first (rtpo.scenario.plugins), recorded in the config as `--plugin` does.
     progress: print one line per phase (or a bar on a terminal).
-    Bad input raises a one-line rtpo.config.ConfigError naming the key."""
-    from rtpo.run import run_in_memory, run_scenario
+    Bad input raises a one-line rtpo.scenario.load.ConfigError naming the key."""
+    from rtpo.rundir.runner import run_in_memory, run_scenario
 
     cfg = resolve(scenario, plugins, **overrides)
     if mdp is not None:

@@ -89,7 +89,7 @@ class _RunLogHandler(logging.Handler):
 MAX_WAITING = 100_000  # records kept in memory before the run folder exists
 
 
-RTPO_DIR = str(Path(__file__).resolve().parent)
+RTPO_DIR = str(Path(__file__).resolve().parents[1])
 
 
 def _route_warning(console_showwarning):

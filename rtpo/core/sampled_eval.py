@@ -1,5 +1,5 @@
 """Sampled evaluation of a policy, written once for every backend: Pass@k, reward, tokens, turns, tool
-calls, truncation and malformed rates (the metrics library; the `rtpo eval` command is rtpo.eval).
+calls, truncation and malformed rates (the metrics library; the `rtpo eval` command is rtpo.commands.eval).
 
 A backend lends the evaluator its environments, its policy at the evaluation sampling settings and those
 settings (`SampledEval`, the optional `BuiltBackend.sampled_eval`); `sample_and_score` draws N samples per

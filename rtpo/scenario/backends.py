@@ -8,6 +8,7 @@ built-in kind, so `backend.kind: llm` imports rtpo.llm.build on first use and no
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,8 +17,8 @@ from rtpo.core.methods import RunContext
 from rtpo.core.registry import Registry
 
 if TYPE_CHECKING:
-    from rtpo.evaluation import SampledEval
-    from rtpo.schema import ScenarioConfig
+    from rtpo.core.sampled_eval import SampledEval
+    from rtpo.scenario.schema import ScenarioConfig
 
 
 @dataclass
@@ -39,7 +40,7 @@ class BuiltBackend:
     value_key:          the evaluate() metric that is the policy's value (plotted, summarised).
     optimum_key:        the evaluate() metric holding the exact optimum, if the backend knows one.
     reference_keys:     further evaluate() metrics drawn as horizontal lines on the learning curve.
-    sampled_eval:       optional rtpo.evaluation.SampledEval: the eval environments, the policy at evaluation
+    sampled_eval:       optional rtpo.core.sampled_eval.SampledEval: the eval environments, the policy at evaluation
                         sampling settings and those settings, for `rtpo eval` (Pass@k and friends).
     """
 
@@ -58,7 +59,7 @@ class BuiltBackend:
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """config:     the backend section's pydantic model (a rtpo.config.BackendConfig subclass).
+    """config:     the backend section's pydantic model (a rtpo.scenario.load.BackendConfig subclass).
     parse_task:    raw `task` mapping -> typed task section (raises ConfigError naming `task.<key>`);
                    the returned object has to_dict() giving back plain data.
     build:         (ScenarioConfig) -> BuiltBackend.
@@ -121,3 +122,66 @@ def get_backend(kind: Any) -> BackendSpec:
         valid = ", ".join(sorted(set(BACKENDS.names()) | set(_PROVIDERS)))
         raise KeyError(f"unknown backend {kind!r}; valid: {valid}")
     return BACKENDS.get(kind)
+
+
+def rollout_memory(cfg: ScenarioConfig, num_turns: int, bytes_per_turn: int) -> tuple[str, int]:
+    """(key, bytes) of one iteration's sampled turns, for a backend's `memory` estimate: queries per
+    iteration x the method's rollouts per query x turns x `bytes_per_turn`.  The key named is the one that
+    drives the product: `budget.queries_per_iteration`, or the method's largest integer setting (`method.G`,
+    `method.trunks_per_query`, ...) when the rollouts per query outweigh the queries."""
+    import dataclasses
+
+    m = cfg.method.config
+    per_query = cfg.method.build().rollouts_per_query(num_turns) or getattr(m, "G", 1) * num_turns
+    queries = cfg.budget.queries_per_iteration
+    key = "budget.queries_per_iteration"
+    sizes = {
+        f.name: getattr(m, f.name)
+        for f in dataclasses.fields(m)
+        if isinstance(getattr(m, f.name), int) and not isinstance(getattr(m, f.name), bool)
+    }
+    if sizes and per_query > queries:
+        key = "method." + max(sizes, key=sizes.get)
+    return key, int(queries * per_query * num_turns * bytes_per_turn)
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def extra_for(module: str | None) -> str | None:
+    """The rtpo extra (pyproject.toml's optional dependencies) whose package provides top-level module
+    `module`, read from the installed rtpo's metadata; None when no extra names it."""
+    from importlib import metadata
+
+    if not module:
+        return None
+    top = _norm(module.split(".")[0])
+    try:
+        requires = metadata.requires("rtpo") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for req in requires:
+        name, _, marker = req.partition(";")
+        extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
+        dist = _norm(re.split(r"[\s<>=!~\[(]", name.strip(), maxsplit=1)[0])
+        if extra and extra.group(1) != "ci" and (dist == top or dist.startswith(top + "-")):
+            return extra.group(1)
+    return None
+
+
+def build_backend(cfg: ScenarioConfig) -> BuiltBackend:
+    """`get_backend(cfg.backend.kind).build(cfg)`; a package of an rtpo extra that is not installed is a
+    one-line ConfigError naming the extra (`pip install 'rtpo[llm]'`), not an import traceback."""
+    from rtpo.scenario.schema import ConfigError
+
+    try:
+        return get_backend(cfg.backend.kind).build(cfg)
+    except ModuleNotFoundError as e:
+        extra = extra_for(e.name)
+        if extra is None:
+            raise
+        raise ConfigError(
+            f"backend.kind: {cfg.backend.kind} scenarios need the {extra} extra (pip install 'rtpo[{extra}]'); "
+            f"{e.name!r} is not installed"
+        ) from None

@@ -3,9 +3,9 @@
     rtpo eval TARGET [key=value ...] [--iter N] [--samples N] [--k 1,4,8] [--queries Q|all]
                      [--split eval|train] [--seed S] [--threshold T] [--out FILE]
 
-The metrics are rtpo.evaluation's (the library; re-exported here); this module is the command: its
+The metrics are rtpo.core.sampled_eval's (the library; re-exported here); this module is the command: its
 arguments (main, command), resolving the target, building its backend, loading the checkpoint's policy, the
-table and the report.  `rtpo eval ...` and `python -m rtpo.eval ...` are the same command.
+table and the report.  `rtpo eval ...` and `python -m rtpo.commands.eval ...` are the same command.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.cliutil import OneLineParser, add_plugin_option, fail, write_json
+from rtpo.commands.common import OneLineParser, add_plugin_option, fail, write_json
 from rtpo.core.protocols import Closeable
-from rtpo.evaluation import (  # noqa: F401 - re-exported: the metrics library's names under rtpo.eval too
+from rtpo.core.sampled_eval import (  # noqa: F401 - re-exported: the metrics library's names under rtpo.commands.eval too
     IN_RUN_SEED_OFFSET,
     EvalSamples,
     EvalSplit,
@@ -60,8 +60,8 @@ def resolve_target(
     or with `iteration` the one after that many iterations) or a checkpoint file in it (the checkpoint's
     policy; the run's config.yaml plus overrides), or a HF model folder (one written by save_pretrained
     or `rtpo export`) together with `scenario` (which gets backend.model=<folder>)."""
-    from rtpo.checkpoint import CKPT_DIR, CONFIG, STATE, iteration_path, latest_path
-    from rtpo.config import ConfigError, load_scenario
+    from rtpo.rundir.checkpoint import CKPT_DIR, CONFIG, STATE, iteration_path, latest_path
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     p = Path(target)
     if not p.exists():
@@ -94,7 +94,7 @@ def resolve_target(
 def load_checkpoint_policy(checkpoint: Path, learner: Any) -> dict[str, Any]:
     """Load the learner state of a run checkpoint (as `rtpo run --resume` does); returns where the run
     was (iteration, global phase).  Only the policy is needed: the sampler, rng and budget are not."""
-    from rtpo.checkpoint import read_checkpoint
+    from rtpo.rundir.checkpoint import read_checkpoint
 
     state = read_checkpoint(Path(checkpoint))
     learner.load_state_dict(state["learner"])
@@ -136,8 +136,8 @@ def evaluate_target(
     samples defaults to max(ks); queries to the whole split (or the backend's default count when the
     split has no fixed problem set), "all" = the whole split; seed to the scenario seed + 7919 (the
     seed of the in-run evaluation)."""
-    from rtpo.backends import get_backend
-    from rtpo.config import ConfigError
+    from rtpo.scenario.backends import build_backend
+    from rtpo.scenario.load import ConfigError
 
     cfg = target.cfg
     ks = sorted({int(k) for k in ks})
@@ -147,7 +147,7 @@ def evaluate_target(
     if ks[-1] > samples:
         raise ConfigError(f"--k: k={ks[-1]} > --samples {samples} (pass@k needs at least k samples per problem)")
     t0 = time.perf_counter()
-    built = get_backend(cfg.backend.kind).build(cfg)
+    built = build_backend(cfg)
     try:
         spec = built.sampled_eval
         if spec is None:
@@ -200,7 +200,7 @@ def default_out(target: EvalTarget, split: str) -> Path:
     eval-iter_N.json for checkpoint ckpt/iter_N), else ./eval-<name>.json."""
     suffix = "" if split == "eval" else f"-{split}"
     if target.run_dir is not None:
-        from rtpo.checkpoint import latest_path
+        from rtpo.rundir.checkpoint import latest_path
 
         ckpt = target.checkpoint
         if ckpt is not None and ckpt != latest_path(target.run_dir) and ckpt.parent.name.startswith("iter_"):
@@ -312,7 +312,7 @@ def main(argv: list[str]) -> int:
 
 def command(ns: argparse.Namespace) -> int:
     """The command on parsed arguments: validate, resolve the target, evaluate, print, write."""
-    from rtpo.config import ConfigError
+    from rtpo.scenario.load import ConfigError
 
     target, overrides = ns.target, ns.overrides
     if "=" in target and not Path(target).exists():
@@ -330,7 +330,7 @@ def command(ns: argparse.Namespace) -> int:
             queries = int(queries)
         if ns.chunk is not None and ns.chunk < 1:
             return _fail(f"--chunk: must be >= 1, got {ns.chunk}")
-        from rtpo import plugins
+        from rtpo.scenario import plugins
 
         plugins.load(getattr(ns, "plugin", None), "--plugin")  # a run folder's recorded ones load with its config
         tgt = resolve_target(target, overrides, ns.scenario, ns.iter)

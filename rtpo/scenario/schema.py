@@ -1,8 +1,8 @@
 """The scenario schema: section models, the one-line ConfigError, YAML reading and validation helpers.
 
 Everything here is below the backends: a backend's config section and task parser build on these pieces,
-and rtpo.config (which parses a whole scenario by looking its backend and method up in their
-registries) builds on them and on the backends.  Import from rtpo.config in user code; it re-exports
+and rtpo.scenario.load (which parses a whole scenario by looking its backend and method up in their
+registries) builds on them and on the backends.  Import from rtpo.scenario.load in user code; it re-exports
 these names.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 SECTIONS = ("name", "seed", "plugins", "backend", "task", "method", "budget", "train", "eval", "logging", "resources")
 
@@ -40,6 +40,27 @@ _Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
+
+
+def _construct_mapping(self: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A key given twice in one mapping is an error naming both lines (PyYAML keeps the last silently,
+    so a scenario's second `G:` would override the first unseen).  `<<` merges may still be overridden."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicated key {str(key)[:60]!r} (first at line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = line
+    return yaml.SafeLoader.construct_mapping(self, node, deep=deep)
+
+
+_Loader.construct_mapping = _construct_mapping  # type: ignore[method-assign]
 
 
 MAX_SCENARIO_NODES = 100_000  # values in a scenario after expanding YAML aliases; real ones have < 1,000
@@ -127,6 +148,33 @@ class BudgetConfig(Section):
 class TrainConfig(Section):
     lr: float = Field(0.1, gt=0, description="learning rate of the optimiser")
     optimizer: Literal["adam", "sgd"] = Field("adam", description="optimiser: adam | sgd")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="learning rate after the warm-up, by optimiser step (rtpo.core.schedule, torch's LambdaLR; "
+        "resumed exactly): constant | linear or cosine decay to min_lr_ratio·lr over decay_steps",
+    )
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up: optimiser step s < W runs at lr·(s+1)/W (0 = none)")
+    decay_steps: int | None = Field(
+        None,
+        ge=1,
+        description="optimiser steps after the warm-up over which linear/cosine decay; the rate is held at "
+        "min_lr_ratio·lr afterwards (required by linear and cosine)",
+    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="where linear/cosine decay ends, as a fraction of lr")
+
+    @model_validator(mode="after")
+    def _decay_needs_steps(self) -> TrainConfig:
+        if self.lr_schedule != "constant" and self.decay_steps is None:
+            raise ValueError(
+                f"lr_schedule {self.lr_schedule!r} needs train.decay_steps (optimiser steps to decay over)"
+            )
+        return self
+
+    def lr_schedule_config(self):
+        """The schedule as rtpo.core.schedule.LRSchedule (what both backends' learners take)."""
+        from rtpo.core.schedule import LRSchedule
+
+        return LRSchedule(self.lr_schedule, self.warmup_steps, self.decay_steps, self.min_lr_ratio)
 
 
 class EvalConfig(Section):
@@ -164,13 +212,13 @@ class LoggingConfig(Section):
     trackers: tuple[str, ...] = Field(
         ("jsonl",),
         description="experiment trackers fed the same record as metrics.jsonl, all local/offline "
-        "(rtpo.trackers: jsonl, tensorboard, wandb, trackio, mlflow; each but jsonl is an extra: pip install 'rtpo[wandb]')",
+        "(rtpo.rundir.trackers: jsonl, tensorboard, wandb, trackio, mlflow; each but jsonl is an extra: pip install 'rtpo[wandb]')",
     )
 
     @field_validator("trackers", mode="before")
     @classmethod
     def _known_trackers(cls, v: Any) -> Any:
-        from rtpo.trackers import TRACKERS
+        from rtpo.rundir.trackers import TRACKERS
 
         if isinstance(v, str):
             v = (v,)
@@ -207,7 +255,7 @@ class ScenarioConfig(BaseModel):
     name: str = Field(description="scenario name (first part of the run folder name)")
     seed: int = Field(0, description="seed of the run's numpy generator and of parameter init")
     plugins: tuple[str, ...] = Field(
-        (), description="modules imported before the scenario is read (rtpo.plugins; --plugin adds to it)"
+        (), description="modules imported before the scenario is read (rtpo.scenario.plugins; --plugin adds to it)"
     )
     backend: Any = Field(description="backend section (a BackendConfig subclass chosen by kind)")
     task: Any = Field(description="task section, typed by the backend")

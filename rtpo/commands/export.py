@@ -1,7 +1,7 @@
 """`rtpo export RUN [--iter N] OUT`: a run's policy as a standalone model folder.
 
 An llm run's checkpoint (the latest, or `ckpt/iter_N` with --iter N) becomes a Hugging Face folder
-(safetensors, config, tokenizer, generation config; rtpo.llm.export) that transformers and vLLM load
+(safetensors, config, tokenizer, generation config; rtpo.llm.hf_folder) that transformers and vLLM load
 like any model.  The checkpoint is verified first exactly as `--resume` verifies it (format, digest,
 this run's fingerprint), so a foreign, truncated or altered checkpoint is refused and nothing is written.
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rtpo import checkpoint
-from rtpo.backends import get_backend
-from rtpo.config import ConfigError, load_scenario
+from rtpo.rundir import checkpoint
+from rtpo.scenario.backends import get_backend
+from rtpo.scenario.load import ConfigError, load_scenario
 
 
 def export_run(run: str | Path, out: str | Path, iteration: int | None = None) -> Path:

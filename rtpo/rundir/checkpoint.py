@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rtpo.schema import ConfigError, ScenarioConfig
+from rtpo.scenario.schema import ConfigError, ScenarioConfig
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -59,7 +59,7 @@ CHECKPOINT_ID = "checkpoint.id"
 SUMMARY = "summary.md"
 SUMMARY_JSON = "summary.json"
 CURVE = "learning_curve.png"
-PROVENANCE = "provenance.json"  # git commit, package versions, command line of each process (rtpo.provenance)
+PROVENANCE = "provenance.json"  # git commit, package versions, command line of each process (rtpo.rundir.provenance)
 GENERATIONS_DIR = "generations"  # RUN/generations/iter_N.jsonl: a few episodes of iteration N (llm runs)
 HF_DIR = "hf"  # RUN/hf/iter_N: Hugging Face folders written during the run (logging.hf_export_every)
 LEARNER_PREFIX = "learner-"  # ckpt/<name>/learner-<k>/: a learner's own sharded state (DCP)

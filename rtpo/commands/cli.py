@@ -3,13 +3,14 @@
     rtpo run [SCENARIO] [key=value ...] [--out DIR] [--no-progress] [--verbose]
     rtpo run --resume RUN_DIR [budget.KEY=value | logging.KEY=value ...] [--iter N [--out DIR]]
     rtpo solve SCENARIO [key=value ...]
+    rtpo plan SCENARIO [key=value ...] [--hardware NAME|FILE] [--assume KEY=VALUE ...] [--json]
     rtpo eval TARGET [key=value ...] [--samples N] [--k 1,4,8] [--queries Q|all] [--split eval|train]
-              [--seed S] [--threshold T] [--out FILE]      (rtpo.eval.main)
-    rtpo export RUN [--iter N] OUT                           (rtpo.export)
+              [--seed S] [--threshold T] [--out FILE]      (rtpo.commands.eval.main)
+    rtpo export RUN [--iter N] OUT                           (rtpo.commands.export)
     rtpo verify ...      (rtpo.verify.cli.main)
     rtpo compare ...     (rtpo.compare.main)
 
-Bad input is one line on stderr and exit status 2 (rtpo.cliutil, which every command uses).
+Bad input is one line on stderr and exit status 2 (rtpo.commands.common, which every command uses).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from rtpo.cliutil import USAGE_ERROR, OneLineParser, add_plugin_option, fail
+from rtpo.commands.common import USAGE_ERROR, OneLineParser, add_plugin_option, fail
 
 
 def _fail(message: str) -> int:
@@ -33,6 +34,10 @@ def _split_scenario(args: list[str]) -> tuple[str | None, list[str]]:
     return None, args
 
 
+def _overrides_only(args: list[str]) -> bool:
+    return all("=" in a and not a.startswith("-") for a in args)
+
+
 def _parser() -> argparse.ArgumentParser:
     from rtpo import __version__
 
@@ -40,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"rtpo {__version__}")
     sub = p.add_subparsers(
         dest="command",
-        metavar="{run,solve,eval,export,verify,compare,config,scenarios,plot}",
+        metavar="{run,solve,plan,eval,export,verify,compare,config,scenarios,plot}",
         parser_class=OneLineParser,
     )
     run = sub.add_parser("run", help="train on a scenario (default: the embedded default scenario)")
@@ -73,8 +78,34 @@ def _parser() -> argparse.ArgumentParser:
     solve = sub.add_parser("solve", help="exact optimum and recursively optimal policy of a scenario")
     solve.add_argument("args", nargs="+", metavar="SCENARIO [key=value ...]")
     add_plugin_option(solve)
+    plan = sub.add_parser(
+        "plan",
+        help="what an llm scenario costs before it starts: counts, tokens, memory per worker, time",
+        description="Per phase and per iteration: trunks, boundaries, siblings, tokens generated and trained, "
+        "each worker's memory and a time estimate on an accelerator (docs/plan.md).  Exit 3 when it does not fit.",
+    )
+    plan.add_argument("args", nargs="+", metavar="SCENARIO [key=value ...]")
+    plan.add_argument(
+        "--hardware",
+        metavar="NAME|FILE",
+        default=None,
+        help="accelerator: H100-80GB, H200, A100-80GB, A100-40GB, L40S, cpu, or a YAML file with your own "
+        "(default: backend.hardware, else this machine)",
+    )
+    plan.add_argument(
+        "--assume",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="episode shape: reach (next-turn probability), fill (share of max_tokens), prompt_tokens, "
+        "tool_tokens, think_share (default: the upper bounds reach=1 fill=1)",
+    )
+    plan.add_argument("--json", action="store_true", help="the plan as JSON")
+    add_plugin_option(plan)
     sub.add_parser(
-        "eval", help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy (rtpo.eval)", add_help=False
+        "eval",
+        help="Pass@k, reward, tokens, turns, tool calls, truncation of a policy (rtpo.commands.eval)",
+        add_help=False,
     )
     exp = sub.add_parser(
         "export",
@@ -117,9 +148,9 @@ def _dispatch(module: str, argv: list[str]) -> int:
 
 
 def _cmd_run(ns: argparse.Namespace) -> int:
-    from rtpo.config import ConfigError, load_scenario
-    from rtpo.run import run_scenario
-    from rtpo.trackers import TrackerError
+    from rtpo.rundir.runner import run_scenario
+    from rtpo.rundir.trackers import TrackerError
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     scenario, overrides = _split_scenario(ns.args)
     try:
@@ -165,8 +196,8 @@ def _cmd_run(ns: argparse.Namespace) -> int:
 
 
 def _cmd_solve(ns: argparse.Namespace) -> int:
-    from rtpo.backends import get_backend
-    from rtpo.config import ConfigError, load_scenario
+    from rtpo.scenario.backends import get_backend
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     scenario, overrides = _split_scenario(ns.args)
     if scenario is None:
@@ -182,9 +213,27 @@ def _cmd_solve(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(ns: argparse.Namespace) -> int:
+    import json
+
+    from rtpo.plan import Assumptions, plan, render
+    from rtpo.scenario.load import ConfigError, load_scenario
+
+    scenario, overrides = _split_scenario(ns.args)
+    if scenario is None:
+        return _fail("plan needs a scenario file")
+    try:
+        cfg = load_scenario(scenario, overrides, plugins=ns.plugin)
+        p = plan(cfg, ns.hardware, Assumptions.parse(ns.assume))
+    except ConfigError as e:
+        return _fail(str(e))
+    print(json.dumps(p.to_dict(), indent=2) if ns.json else render(p), end="" if not ns.json else "\n")
+    return 0 if p.fits else 3
+
+
 def _cmd_export(ns: argparse.Namespace) -> int:
-    from rtpo.config import ConfigError
-    from rtpo.export import export_run
+    from rtpo.commands.export import export_run
+    from rtpo.scenario.load import ConfigError
 
     try:
         out = export_run(ns.run, ns.out, ns.iter)
@@ -197,8 +246,9 @@ def _cmd_export(ns: argparse.Namespace) -> int:
 def _cmd_config(ns: argparse.Namespace) -> int:
     import json
 
-    from rtpo import configdoc, plugins
-    from rtpo.config import ConfigError, load_scenario
+    from rtpo.scenario import docs as configdoc
+    from rtpo.scenario import plugins
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     if ns.config_command == "schema":
         try:
@@ -226,7 +276,7 @@ def shipped_scenarios() -> list[tuple[str, str]]:
     ]
     root = Path("scenarios")
     if not root.is_dir():
-        root = Path(__file__).resolve().parents[1] / "scenarios"
+        root = Path(__file__).resolve().parents[2] / "scenarios"
     for p in sorted(root.glob("*/*.yaml")) if root.is_dir() else []:
         out.append((str(p), _first_comment(p.read_text(errors="replace"))))
     return out
@@ -248,9 +298,9 @@ def _cmd_scenarios() -> int:
 
 
 def _cmd_plot(ns: argparse.Namespace) -> int:
-    from rtpo.checkpoint import CONFIG, read_metrics
-    from rtpo.config import ConfigError, load_scenario
-    from rtpo.plots import run_curves
+    from rtpo.rundir.checkpoint import CONFIG, read_metrics
+    from rtpo.rundir.plots import run_curves
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     groups: dict[str, list[list[dict]]] = {}
     for run in ns.runs:
@@ -280,13 +330,20 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "compare":
         return _dispatch("rtpo.compare", argv[1:])
     if argv and argv[0] == "eval":
-        return _dispatch("rtpo.eval", argv[1:])
+        return _dispatch("rtpo.commands.eval", argv[1:])
     parser = _parser()
-    ns = parser.parse_args(argv)
+    # `rtpo run FILE --out D key=val`: overrides may follow the options, as `rtpo compare` accepts
+    ns, extra = parser.parse_known_args(argv)
+    if extra:
+        if ns.command not in ("run", "solve", "config") or not hasattr(ns, "args") or not _overrides_only(extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        ns.args = [*ns.args, *extra]
     if ns.command == "run":
         return _cmd_run(ns)
     if ns.command == "solve":
         return _cmd_solve(ns)
+    if ns.command == "plan":
+        return _cmd_plan(ns)
     if ns.command == "export":
         return _cmd_export(ns)
     if ns.command == "config":

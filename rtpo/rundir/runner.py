@@ -3,11 +3,11 @@
     runs/<scenario>-<method>-<seed>-<time>/
         config.yaml      the resolved scenario (what `--resume` reloads)
         metrics.jsonl    one line per phase: counters, method metrics, evaluation, budget, wall time
-        ckpt/            checkpoints (rtpo.checkpoint): iter_N/ per saved iteration (the last
+        ckpt/            checkpoints (rtpo.rundir.checkpoint): iter_N/ per saved iteration (the last
                          logging.keep_last), the newest mid-iteration one, and `latest`
         learning_curve.png, summary.md, summary.json   written when the run ends
 
-The loop is backend-agnostic: the backend comes from rtpo.backends by `backend.kind`, the method from
+The loop is backend-agnostic: the backend comes from rtpo.scenario.backends by `backend.kind`, the method from
 the method registry, and the runner only calls `begin`/`phase` and checkpoints between phases.
 """
 
@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from rtpo import checkpoint, provenance
-from rtpo.backends import BuiltBackend, get_backend
-from rtpo.checkpoint import (
+from rtpo.core.budget import Budget
+from rtpo.core.protocols import Closeable, ReportsMetrics
+from rtpo.rundir import checkpoint, provenance
+from rtpo.rundir.checkpoint import (
     CONFIG,
     CURVE,
     METRICS,
@@ -39,11 +40,10 @@ from rtpo.checkpoint import (
     read_metrics,
     truncate_metrics,
 )
-from rtpo.config import ConfigError, ScenarioConfig, load_scenario
-from rtpo.core.budget import Budget
-from rtpo.core.protocols import Closeable, ReportsMetrics
-from rtpo.runlogs import console_stderr, library_logs
-from rtpo.trackers import open_trackers
+from rtpo.rundir.logs import console_stderr, library_logs
+from rtpo.rundir.trackers import open_trackers
+from rtpo.scenario.backends import BuiltBackend, build_backend, get_backend
+from rtpo.scenario.load import ConfigError, ScenarioConfig, load_scenario
 
 
 @dataclass
@@ -257,7 +257,7 @@ def run_scenario(
 ) -> RunResult:
     """Run (or, with resume=RUN_DIR, continue) a scenario; returns the folder, all metrics and the summary.
 
-    The libraries' log lines (vLLM, Ray, transformers, warnings) go to RUN/logs/ (rtpo.runlogs) unless
+    The libraries' log lines (vLLM, Ray, transformers, warnings) go to RUN/logs/ (rtpo.rundir.logs) unless
     `verbose`.
 
     On resume the run's own config.yaml is authoritative; a `cfg` that differs from it is an error.
@@ -296,8 +296,12 @@ def run_scenario(
 
     # build first (load the task and its data, the model, the engines), then make or change folders:
     # a task that fails to load leaves no run folder behind, and a resumed run's config.yaml unchanged
+    if cfg.backend.kind == "llm" and resume is None:  # refuse what will not fit before anything starts
+        from rtpo.plan import check_fits
+
+        check_fits(cfg)
     with library_logs(verbose) as libs:  # vLLM/Ray/transformers lines go to RUN/logs/, not the console
-        built = get_backend(cfg.backend.kind).build(cfg)
+        built = build_backend(cfg)
         if cfg.backend.distributed != "none":
             from rtpo.distributed import distribute  # Ray is imported only by runs that ask for it
 
@@ -359,7 +363,7 @@ def run_in_memory(cfg: ScenarioConfig, built: BuiltBackend | None = None, progre
     output (rtpo.train's default).  The phases, metrics and summary are those of `run_scenario`.
     `built` is a backend built already (rtpo.train on your own TurnMDP); None builds the scenario's."""
     if built is None:
-        built = get_backend(cfg.backend.kind).build(cfg)
+        built = build_backend(cfg)
         if cfg.backend.distributed != "none":
             from rtpo.distributed import distribute
 
@@ -596,7 +600,7 @@ def _finish(
         summary["plot"] = None
         return summary  # in memory: nothing written
     if cfg.logging.plot:
-        from rtpo.plots import learning_curve
+        from rtpo.rundir.plots import learning_curve
 
         plot = learning_curve(
             metrics,

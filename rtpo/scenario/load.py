@@ -1,9 +1,9 @@
 """Typed scenario configs: load a YAML scenario, apply `key.sub=value` overrides, validate every key.
 
 A scenario has the sections `name`, `seed`, `backend`, `task`, `method`, `budget`, `train`, `eval` and
-`logging`.  `backend.kind` picks a registered backend (rtpo.backends), which validates `task`;
+`logging`.  `backend.kind` picks a registered backend (rtpo.scenario.backends), which validates `task`;
 `method.name` picks a registered method, whose `Config` dataclass validates the rest of `method`, so a
-new method or backend needs no edit here.  An optional `plugins` list names modules (rtpo.plugins) imported
+new method or backend needs no edit here.  An optional `plugins` list names modules (rtpo.scenario.plugins) imported
 before any of that, so a user's registered names are valid too.  Every failure is a ConfigError whose message is one line
 that starts with the offending key (`method.G: must be >= 2 ..., got 1`).
 """
@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rtpo.schema import (  # noqa: F401 - re-exported: rtpo.config is the public home of these names
+from rtpo.scenario.schema import (  # noqa: F401 - re-exported: rtpo.scenario.load is the public home of these names
     MAX_SCENARIO_NODES,
     SECTIONS,
     BackendConfig,
@@ -56,12 +56,12 @@ def _method_section(data: Any) -> MethodSection:
 
 def parse_scenario(data: Any) -> ScenarioConfig:
     """Validate a scenario given as plain data (a parsed YAML mapping)."""
-    from rtpo.backends import get_backend
+    from rtpo.scenario.backends import get_backend
 
     if not isinstance(data, dict):
         raise ConfigError(f"scenario: must be a mapping of sections, got {_fmt_input(data)}")
     check_plain_data(data)  # also for data that did not come through parse_yaml (Python callers, overrides)
-    from rtpo import plugins as _plugins
+    from rtpo.scenario import plugins as _plugins
 
     plugin_names = _plugins.load(data.get("plugins"))  # before any registry lookup below
     for key in data:
@@ -84,7 +84,7 @@ def parse_scenario(data: Any) -> ScenarioConfig:
     try:
         spec = get_backend(kind)
     except KeyError as e:
-        from rtpo.backends import _PROVIDERS, BACKENDS
+        from rtpo.scenario.backends import _PROVIDERS, BACKENDS
 
         raise ConfigError(f"backend.kind: {e.args[0]}{suggest(kind, {*_PROVIDERS, *BACKENDS.names()})}") from None
     backend = validate_model(spec.config, backend_raw, "backend")
@@ -183,12 +183,14 @@ def load_scenario(
     """Read a scenario file (None = the embedded default), apply overrides, validate.
 
     `plugins` (the CLI's --plugin MODULE) are added to the scenario's own `plugins` list, which is loaded
-    (rtpo.plugins) before anything is looked up in a registry and is recorded in the resolved config."""
+    (rtpo.scenario.plugins) before anything is looked up in a registry and is recorded in the resolved config."""
     if path is None:
         text, where = default_scenario_text(), "default scenario"
     else:
         p = Path(path)
         where = str(p)
+        if p.is_dir():
+            raise ConfigError(f"{where}: is a folder; give a scenario file (`rtpo scenarios` lists the shipped ones)")
         if not p.is_file():
             raise ConfigError(f"{where}: no such scenario file")
         try:
@@ -203,7 +205,7 @@ def load_scenario(
     before = data.get("method", {}).get("name") if isinstance(data.get("method"), dict) else None
     for ov in overrides:
         apply_override(data, ov)
-    from rtpo import plugins as _plugins
+    from rtpo.scenario import plugins as _plugins
 
     if plugins:
         data["plugins"] = list(dict.fromkeys([*_plugins.check_names(data.get("plugins")), *plugins]))

@@ -1,6 +1,6 @@
 """Plugins: user modules that register methods, estimators, tasks, tools or backends by importing.
 
-Two ways in, both loaded before a scenario is validated (rtpo.config), so a plugin's names are valid
+Two ways in, both loaded before a scenario is validated (rtpo.scenario.load), so a plugin's names are valid
 wherever a scenario is read — `rtpo run`, `rtpo eval` of a run folder, `rtpo run --resume`, `rtpo compare`
 and its worker processes:
 
@@ -12,8 +12,9 @@ and its worker processes:
   modules are imported by name and recorded in the run's config.yaml, so eval and resume load them
   again without being told.
 
-A plugin that cannot be imported (missing, raising, or registering a name that is taken) is a one-line
-ConfigError naming it; the CLI prints it and exits 2.  Nothing is half-registered silently.
+A plugin that cannot be imported (missing, raising, calling sys.exit, or registering a name that is
+taken) is a one-line ConfigError naming it; the CLI prints it and exits 2.  Nothing is half-registered:
+whatever the failed import registered is removed again (rtpo.core.registry.rollback_failed_import).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import os
 import re
 from typing import Any
 
-from rtpo.schema import ConfigError, _fmt_input
+from rtpo.core import registry
+from rtpo.scenario.schema import ConfigError, _fmt_input
 
 ENTRY_POINT_GROUP = "rtpo.plugins"
 DISABLE_ENV = "RTPO_DISABLE_PLUGIN_AUTOLOAD"
@@ -63,8 +65,9 @@ def load_module(name: str, key: str = "plugins") -> None:
     """Import plugin module `name` (once per process)."""
     if name in _loaded:
         return
+    before = registry.snapshot()
     try:
-        importlib.import_module(name)
+        _import_all_or_nothing(name, before)
     except ModuleNotFoundError as e:
         if e.name and (name == e.name or name.startswith(e.name + ".")):
             raise ConfigError(
@@ -72,9 +75,48 @@ def load_module(name: str, key: str = "plugins") -> None:
                 "(install it, or put its folder on PYTHONPATH)"
             ) from None
         raise ConfigError(f"{key}: plugin {name!r} failed to import: {_one_line(e)}") from None
-    except Exception as e:  # noqa: BLE001 - whatever a user's module raises is reported as one line
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever a user's module raises is one line
         raise ConfigError(f"{key}: plugin {name!r} failed to import: {_one_line(e)}") from None
     _loaded[name] = "plugins"
+
+
+def _import_all_or_nothing(name: str, before: dict) -> None:
+    """Import `name`; when it raises (SystemExit included), nothing it registered stays registered and
+    neither it nor any of its submodules whose import failed stays in sys.modules."""
+    import sys
+
+    had = set(sys.modules)
+    try:
+        importlib.import_module(name)
+    except BaseException as e:
+        if not isinstance(e, (Exception, SystemExit)):
+            raise
+        for mod in set(sys.modules) - had:  # the plugin's own modules, half run
+            if mod == name or mod.startswith(name + "."):
+                sys.modules.pop(mod, None)
+        registry.rollback_failed_import(before, lambda: set(sys.modules))
+        raise
+
+
+def _load_entry_point(ep) -> None:
+    import sys
+
+    before = registry.snapshot()
+    had = set(sys.modules)
+    try:
+        obj = ep.load()
+        if callable(obj) and not isinstance(obj, type(importlib)):
+            obj()
+    except BaseException as e:
+        if not isinstance(e, (Exception, SystemExit)):
+            raise
+        module = ep.value.split(":", 1)[0].strip()
+        for mod in set(sys.modules) - had:
+            if mod == module or mod.startswith(module + "."):
+                sys.modules.pop(mod, None)
+        present = set(sys.modules) - {module}  # an entry point's callable that registered, then raised
+        registry.rollback_failed_import(before, lambda: present)
+        raise
 
 
 def load_entry_points() -> None:
@@ -92,10 +134,8 @@ def load_entry_points() -> None:
         if ep.value in _loaded:
             continue
         try:
-            obj = ep.load()
-            if callable(obj) and not isinstance(obj, type(importlib)):
-                obj()
-        except Exception as e:  # noqa: BLE001 - a broken installed plugin is named, never a traceback
+            _load_entry_point(ep)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a broken installed plugin is one line
             _entry_points_done = False  # the next attempt reports it again rather than running without it
             raise ConfigError(
                 f"plugin {ep.name!r} ({ENTRY_POINT_GROUP} {where}) failed to load: {_one_line(e)} "

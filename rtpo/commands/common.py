@@ -1,6 +1,6 @@
 """What every rtpo command shares: bad input is one line on stderr and exit status 2, and a report file is
-written whole or not at all.  Used by rtpo.cli (`rtpo run|solve|eval|config|plot`), rtpo.compare and
-rtpo.eval; it imports nothing of rtpo, so any command may use it.
+written whole or not at all.  Used by rtpo.commands.cli (`rtpo run|solve|eval|config|plot`), rtpo.compare and
+rtpo.commands.eval; it imports nothing of rtpo, so any command may use it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 PLUGIN_HELP = (
     "import MODULE first (repeatable): its registered methods, estimators, tasks, tools and backends "
-    "become valid names; a run records it in config.yaml (rtpo.plugins, docs/plugins.md)"
+    "become valid names; a run records it in config.yaml (rtpo.scenario.plugins, docs/plugins.md)"
 )
 
 

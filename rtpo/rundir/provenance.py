@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from rtpo.checkpoint import PROVENANCE, atomic_write_text
+from rtpo.rundir.checkpoint import PROVENANCE, atomic_write_text
 
 PACKAGES = (
     "rtpo",
@@ -56,7 +56,7 @@ def package_versions(names=PACKAGES) -> dict[str, str]:
 
 def git_state(path: Path | None = None) -> dict[str, Any] | None:
     """{"commit", "dirty"} of the git work tree holding `path` (default: this package), else None."""
-    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    where = Path(path) if path is not None else Path(__file__).resolve().parents[1]
     try:
         commit = subprocess.run(
             ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
