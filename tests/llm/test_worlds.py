@@ -140,8 +140,8 @@ def test_well_formed_turns_follow_the_mdp():
 
 
 def test_scenario_task_section_is_the_same_mdp_on_both_backends():
-    from rtpo.scenario.load import parse_scenario as load_config
     from rtpo.llm.worlds import WorldTaskConfig, build_world
+    from rtpo.scenario.load import parse_scenario as load_config
     from rtpo.tabular.build import build_mdp
 
     base = {
@@ -176,8 +176,8 @@ def test_scenario_task_section_is_the_same_mdp_on_both_backends():
     ],
 )
 def test_bad_world_sections_are_one_line_errors_naming_the_key(task, key):
-    from rtpo.scenario.schema import ConfigError
     from rtpo.scenario.load import parse_scenario as load_config
+    from rtpo.scenario.schema import ConfigError
 
     with pytest.raises(ConfigError) as e:
         load_config(
