@@ -215,6 +215,7 @@ FLOORS = {
     "rtpo.tabular": 2,
     "rtpo.llm": 2,
     "rtpo.distributed": 2,
+    "rtpo.worlds": 2,  # the wiring of the llm backend's exact worlds to the tabular task kinds (both)
     # 3: a whole scenario (parsed through the registry, i.e. above the backends) and the runner
     "rtpo.scenario": 3,
     "rtpo.rundir": 3,

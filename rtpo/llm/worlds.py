@@ -6,7 +6,7 @@ initial distribution), its words (`WorldChat`: the prompt, the observation after
 action, each action's canonical response), the environment (`WorldEnv`, the core's Environment
 protocol) and the task section (`WorldTaskConfig`).  It imports no other backend: which MDP a `task`
 section means is decided by a provider registered in `WORLDS` from the wiring layer above both backends
-(rtpo.exact_worlds registers every tabular task kind), so a scenario runs on both backends by changing
+(rtpo.worlds registers every tabular task kind), so a scenario runs on both backends by changing
 `backend` alone.
 
 The chat.  The user message states the horizon and the start state; every tool result is the next
@@ -132,6 +132,11 @@ class WorldTaskConfig(BaseModel):
         "practically never writes a canonical call); 0 = none",
     )
     format_warmup_lr: float = Field(3e-3, gt=0, description="AdamW learning rate of the format warm start")
+
+    @property
+    def num_turns(self) -> int:
+        """K of the world (the tabular section's num_turns)."""
+        return int(getattr(getattr(self.tabular, "params", None), "num_turns", 1))
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in self.model_dump(exclude={"tabular"}).items()}

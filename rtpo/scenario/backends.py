@@ -100,7 +100,7 @@ _PROVIDERS: dict[str, str] = {
 }
 # kind -> modules imported after its provider that extend it from above the backends (they may import
 # more than one backend): the llm backend's exact worlds take their MDPs from the tabular task kinds
-_EXTENSIONS: dict[str, tuple[str, ...]] = {"llm": ("rtpo.exact_worlds",)}
+_EXTENSIONS: dict[str, tuple[str, ...]] = {"llm": ("rtpo.worlds",)}
 
 
 def register_backend(name: str, spec: BackendSpec) -> BackendSpec:

@@ -1,4 +1,4 @@
-"""Exact worlds as chat tasks (rtpo.llm.worlds, rtpo.exact_worlds): canonical actions parse back, contexts
+"""Exact worlds as chat tasks (rtpo.llm.worlds, rtpo.worlds): canonical actions parse back, contexts
 are the chat template's ids token for token, bad responses are feedback plus a metric, and a scenario's
 tabular task section means the same MDP on the llm backend."""
 

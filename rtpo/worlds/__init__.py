@@ -1,6 +1,8 @@
 """Exact worlds on the llm backend: the wiring that lets every tabular task kind run as a chat task.
 
-rtpo.tabular and rtpo.llm never import each other; this module sits above both (the backend registry
+Owns nothing but that wiring; may import rtpo.tabular, rtpo.llm (their task and world modules) and the
+core.  rtpo.tabular and rtpo.llm never import each other; this package sits beside them on the backends'
+floor (the backend registry
 imports it with the llm backend, rtpo.scenario.backends._EXTENSIONS) and registers one provider in
 rtpo.llm.worlds.WORLDS: the kinds of rtpo.tabular.tasks.TASKS (asked each time, so a plugin's kind
 counts), parsed by the tabular backend's own task parser (the same keys, the same one-line errors) and
