@@ -61,9 +61,9 @@ def _scenario_data(scenario: Any) -> dict:
     if isinstance(scenario, Mapping):
         return copy.deepcopy(dict(scenario))
     if isinstance(scenario, (str, Path)):
-        p = Path(scenario)
-        if not p.is_file():
-            raise ConfigError(f"{p}: no such scenario file")
+        from rtpo.scenario.shipped import scenario_file
+
+        p = scenario_file(scenario)  # a file, or a shipped scenario's name
         try:
             data = parse_yaml(p.read_text(), str(p))
         except (OSError, UnicodeDecodeError) as e:

@@ -20,7 +20,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from rtpo.commands.common import USAGE_ERROR, OneLineParser, add_plugin_option, fail
+from rtpo.commands.common import USAGE_ERROR, OneLineParser, add_plugin_option, fail, one_line
 
 
 def _fail(message: str) -> int:
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         "args",
         nargs="*",
         metavar="[SCENARIO] [key=value ...]",
-        help="scenario YAML file, then overrides such as method.G=6 budget.iterations=10",
+        help="a scenario file or a shipped scenario's name (rtpo scenarios), then overrides such as method.G=6",
     )
     run.add_argument(
         "--resume",
@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     add_plugin_option(show)
     schema = cfg_sub.add_parser("schema", help="JSON Schema of scenario files (every method, backend and task kind)")
     add_plugin_option(schema)
-    sub.add_parser("scenarios", help="the shipped scenarios, one line each")
+    sub.add_parser("scenarios", help="the shipped scenarios: name, file, what it is (rtpo run NAME runs one)")
     plot = sub.add_parser("plot", help="learning curves of existing run folders (mean and band over seeds)")
     plot.add_argument(
         "runs", nargs="+", metavar="RUN", help="run folders written by `rtpo run` (seeds of one method group)"
@@ -148,7 +148,7 @@ def _dispatch(module: str, argv: list[str]) -> int:
 
 
 def _cmd_run(ns: argparse.Namespace) -> int:
-    from rtpo.rundir.runner import run_scenario
+    from rtpo.rundir.runner import RunWriteError, TrainingDiverged, run_scenario
     from rtpo.rundir.trackers import TrackerError
     from rtpo.scenario.load import ConfigError, load_scenario
 
@@ -180,6 +180,9 @@ def _cmd_run(ns: argparse.Namespace) -> int:
             result = run_scenario(cfg, out_root=Path(ns.out), progress=not ns.no_progress, verbose=ns.verbose)
     except (ConfigError, TrackerError) as e:
         return _fail(str(e))
+    except (TrainingDiverged, RunWriteError) as e:  # not bad input: the run itself failed, state kept
+        print(f"rtpo: error: {one_line(e)}", file=sys.stderr, flush=True)
+        return 1
     s = result.summary
     if s["stopped_by"] == "interrupted":
         print(f"interrupted; resume with: rtpo run --resume {result.run_dir}", file=sys.stderr, flush=True)
@@ -267,19 +270,13 @@ def _cmd_config(ns: argparse.Namespace) -> int:
     return 0
 
 
-def shipped_scenarios() -> list[tuple[str, str]]:
-    """(path, first comment line) of the embedded default and of every file under ./scenarios."""
-    from importlib import resources
+def shipped_scenarios() -> list[tuple[str, str, str]]:
+    """(name, where it lives, first comment line) of every scenario shipped in the package, the embedded
+    default (what `rtpo run` with no scenario runs) first."""
+    from rtpo.scenario.shipped import DEFAULT, shipped
 
-    out = [
-        ("default (embedded)", _first_comment(resources.files("rtpo").joinpath("scenarios/default.yaml").read_text()))
-    ]
-    root = Path("scenarios")
-    if not root.is_dir():
-        root = Path(__file__).resolve().parents[2] / "scenarios"
-    for p in sorted(root.glob("*/*.yaml")) if root.is_dir() else []:
-        out.append((str(p), _first_comment(p.read_text(errors="replace"))))
-    return out
+    found = sorted(shipped(), key=lambda s: (s.qualified != DEFAULT, s.kind, s.name))
+    return [(s.name, str(s.path), _first_comment(s.path.read_text(errors="replace"))) for s in found]
 
 
 def _first_comment(text: str) -> str:
@@ -290,10 +287,12 @@ def _first_comment(text: str) -> str:
 
 
 def _cmd_scenarios() -> int:
+    """NAME  FILE  first comment line, one scenario a line: `rtpo run NAME` runs FILE."""
     rows = shipped_scenarios()
-    width = max(len(p) for p, _ in rows)
-    for path, doc in rows:
-        print(f"{path:<{width}}  {doc}")
+    w_name = max(len(n) for n, _, _ in rows)
+    w_path = max(len(p) for _, p, _ in rows)
+    for name, path, doc in rows:
+        print(f"{name:<{w_name}}  {path:<{w_path}}  {doc}".rstrip())
     return 0
 
 

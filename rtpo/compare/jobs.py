@@ -52,10 +52,10 @@ def _scenario_data(scenario: str | None) -> tuple[dict, str]:
 
     if scenario is None:
         return parse_yaml(default_scenario_text(), "default scenario"), "default"
-    p = Path(scenario)
-    if not p.is_file():
-        raise ConfigError(f"{scenario}: no such scenario file")
-    data = parse_yaml(p.read_text(), scenario)
+    from rtpo.scenario.shipped import scenario_file
+
+    p = scenario_file(scenario)  # a file, or a shipped scenario's name
+    data = parse_yaml(p.read_text(), str(p))
     if not isinstance(data, dict):
         raise ConfigError(f"{scenario}: must be a mapping of sections")
     return data, p.stem

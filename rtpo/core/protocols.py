@@ -126,3 +126,15 @@ class Closeable(Protocol):
     """A built context that holds processes or actors to stop when the run ends."""
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class DemonstrationEnvironment(Protocol):
+    """An Environment that also holds demonstrations (gold trajectories) and renders them as training rows
+    with its own context map, so supervised fine-tuning (rtpo.core.methods.sft) trains on exactly the
+    contexts a later RL run of the same environment sees."""
+
+    num_demonstrations: int
+
+    def demonstrations(self, ids: np.ndarray) -> Any:
+        """rtpo.core.methods.sft.Demonstrations of demonstrations `ids` (indices into the set)."""

@@ -140,7 +140,15 @@ class EvalSamples:
                 "tokens_mean": float(self.tokens.mean()),
                 "turns_mean": float(self.turns.mean()),
                 "tool_calls_mean": None if calls is None else calls / episodes,
-                "tool_ok_rate": None if not calls else float(c.get("tool/ok", 0)) / calls,
+                # Table 9's tool-execution success: 1 - errors / attempted (a call refused before it ran,
+                # for an unknown tool or bad arguments, is attempted and an error)
+                "tool_ok_rate": (
+                    (1.0 - float(c.get("tool/errors", 0)) / float(c["tool/attempted"]))
+                    if c is not None and c.get("tool/attempted")
+                    else None
+                    if not calls
+                    else float(c.get("tool/ok", 0)) / calls
+                ),
                 # a turn is truncated when it hit the token limit before a stop token (LLM env counter)
                 "truncation_rate": (
                     None if c is None or "truncated_turns" not in c else float(c["truncated_turns"]) / max(turns, 1)

@@ -108,6 +108,10 @@ def _model_dir(cfg: ScenarioConfig) -> Path:
         base = tiny_random_model(b.model_cache, cfg.seed, b.tiny_tokenizer, b.tiny_init_std)
     else:
         base = check_model_dir(b.model)
+    if b.init is not None:
+        from rtpo.llm.init import resolve_init
+
+        base = resolve_init(b.init, base, Path(b.model_cache))
     if isinstance(cfg.task, WorldTaskConfig) and cfg.task.format_warmup_steps:
         return _format_warm_model(cfg, base)
     return base
@@ -167,6 +171,78 @@ class _RolloutSide:
     num_queries: int | None
     stop: tuple
     engine: Any
+
+
+def _env_maker(cfg: ScenarioConfig, model_dir: Path) -> tuple[Any, list, list]:
+    """make_env(task, which) of the scenario, and the two lists it shares with the engine built later:
+    the engine (once built) and the environments waiting for it (an engine-written summary)."""
+    from rtpo.llm.chat import load_qwen3_tokenizer
+    from rtpo.llm.env import LLMEnv
+
+    b: LLMBackendConfig = cfg.backend
+    task: LLMTaskConfig = cfg.task
+    tokenizer = load_qwen3_tokenizer(str(model_dir))
+
+    limit = context_limit(task, b)
+    from rtpo.llm.search import QA_KINDS, build_retriever, qa_env_kwargs
+
+    if task.kind in QA_KINDS:  # multi-hop QA: the search tool over one retriever, F1/EM scoring
+        kinds = qa_env_kwargs(task, build_retriever(task), model_dir)
+    elif task.kind == "airline":
+        kinds = {}  # rtpo.llm.airline builds its own environment below
+    else:
+        kinds = {"sandbox": task.sandbox.limits(), "tools": task.tools}
+
+    def make_env(t, which):
+        try:
+            env = LLMEnv(
+                t,
+                tokenizer,
+                **kinds,
+                context_map=task.context_map,
+                num_turns=task.num_turns,
+                enable_thinking=task.enable_thinking,
+                system=task.system,
+                max_calls_per_turn=task.max_calls_per_turn,
+                answer_parse=task.answer_parse,
+                full_context_map=task.full_context_map,
+                max_context_tokens=limit,
+            )
+        except (KeyError, ValueError) as e:
+            raise ConfigError(f"task: {' '.join(str(e).split())}") from None
+        long = env.check_prompts()
+        if long and not task.drop_overlong:
+            raise ConfigError(
+                f"task.max_context_tokens: {len(long)} of {len(t)} {which} problems have prompts longer "
+                f"than {limit} tokens (first: item {long[0][0]}, {long[0][1]} tokens); raise the limit "
+                "or set task.drop_overlong: true"
+            )
+        if long:
+            bad = {q for q, _ in long}
+            kept = tuple(item for q, item in enumerate(t.items) if q not in bad)
+            if not kept:
+                raise ConfigError(f"task.drop_overlong: every {which} prompt is longer than {limit} tokens")
+            return make_env(type(t)(t.name, kept), which)
+        if env.summarizer is not None and getattr(env.summarizer, "engine", False) is None:
+            env.summarizer.engine = engines[0] if engines else None
+            pending.append(env)
+        return env
+
+    engines: list = []  # the engine, once built: an engine-written summary (summarize ψ) needs it
+    pending: list = []
+
+    if task.kind == "airline":  # the τ²-airline environment (rtpo.llm.airline) replaces the math one
+        from rtpo.llm.airline.build import airline_env_factory
+
+        make_env = airline_env_factory(task, tokenizer, limit, model_dir, b.max_model_len)
+    return make_env, engines, pending
+
+
+def build_env(cfg: ScenarioConfig, which: str = "train") -> Any:
+    """The scenario's training (or eval) environment alone: no engine, no learner (rtpo.llm.gold writes
+    demonstrations with it; an engine-written summary is not available here)."""
+    make_env, _, _ = _env_maker(cfg, _model_dir(cfg))
+    return make_env(load_task(cfg.task, which), which)
 
 
 def _make_engine(cfg: ScenarioConfig, model_dir: Path, role: str, stop: tuple) -> Any:
@@ -317,77 +393,25 @@ def _world_evaluate(cfg, side, learner, sampler, eval_sampling, model_dir: Path)
 
 
 def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSide:
-    from rtpo.llm.chat import load_qwen3_tokenizer
-    from rtpo.llm.env import LLMEnv
-
     if isinstance(cfg.task, WorldTaskConfig):
         return _world_side(cfg, model_dir, role)
-
-    b: LLMBackendConfig = cfg.backend
-    task: LLMTaskConfig = cfg.task
-    tokenizer = load_qwen3_tokenizer(str(model_dir))
-    train_task = load_task(task, "train")
-
-    limit = context_limit(task, b)
-    from rtpo.llm.search import QA_KINDS, build_retriever, qa_env_kwargs
-
-    if task.kind in QA_KINDS:  # multi-hop QA: the search tool over one retriever, F1/EM scoring
-        kinds = qa_env_kwargs(task, build_retriever(task), model_dir)
-    elif task.kind == "airline":
-        kinds = {}  # rtpo.llm.airline builds its own environment below
-    else:
-        kinds = {"sandbox": task.sandbox.limits(), "tools": task.tools}
-
-    def make_env(t, which):
-        try:
-            env = LLMEnv(
-                t,
-                tokenizer,
-                **kinds,
-                context_map=task.context_map,
-                num_turns=task.num_turns,
-                enable_thinking=task.enable_thinking,
-                system=task.system,
-                max_calls_per_turn=task.max_calls_per_turn,
-                answer_parse=task.answer_parse,
-                full_context_map=task.full_context_map,
-                max_context_tokens=limit,
-            )
-        except (KeyError, ValueError) as e:
-            raise ConfigError(f"task: {' '.join(str(e).split())}") from None
-        long = env.check_prompts()
-        if long and not task.drop_overlong:
-            raise ConfigError(
-                f"task.max_context_tokens: {len(long)} of {len(t)} {which} problems have prompts longer "
-                f"than {limit} tokens (first: item {long[0][0]}, {long[0][1]} tokens); raise the limit "
-                "or set task.drop_overlong: true"
-            )
-        if long:
-            bad = {q for q, _ in long}
-            kept = tuple(item for q, item in enumerate(t.items) if q not in bad)
-            if not kept:
-                raise ConfigError(f"task.drop_overlong: every {which} prompt is longer than {limit} tokens")
-            return make_env(type(t)(t.name, kept), which)
-        if env.summarizer is not None and getattr(env.summarizer, "engine", False) is None:
-            env.summarizer.engine = engines[0] if engines else None
-            pending.append(env)
-        return env
-
-    engines: list = []  # the engine, once built: an engine-written summary (summarize ψ) needs it
-    pending: list = []
-
-    if task.kind == "airline":  # the τ²-airline environment (rtpo.llm.airline) replaces the math one
-        from rtpo.llm.airline.build import airline_env_factory
-
-        make_env = airline_env_factory(task, tokenizer, limit, model_dir, b.max_model_len)
-    env = make_env(train_task, "train")
+    make_env, engines, pending = _env_maker(cfg, model_dir)
+    env = make_env(load_task(cfg.task, "train"), "train")
     train_task = env.task  # without any dropped problems
+    num_queries = len(train_task)
+    if cfg.method.name == "sft":  # supervised fine-tuning: the demonstrations, rendered by this very env
+        from rtpo.llm.sft import DemonstrationError, attach
+
+        try:
+            num_queries = len(attach(env, cfg.method.config.data))
+        except DemonstrationError as e:
+            raise ConfigError(f"method.data: {e}") from None
     stop = tuple(sorted(env.chat.stop_ids))
     engine = _make_engine(cfg, model_dir, role, stop)
     engines.append(engine)
     for e in pending:
         e.summarizer.engine = engine
-    return _RolloutSide(make_env=make_env, env=env, num_queries=len(train_task), stop=stop, engine=engine)
+    return _RolloutSide(make_env=make_env, env=env, num_queries=num_queries, stop=stop, engine=engine)
 
 
 def _device(b: LLMBackendConfig) -> str:

@@ -23,7 +23,13 @@ class LLMBackendConfig(BackendConfig):
         description="local HF model folder (e.g. Qwen3-8B), or 'tiny-random': a random "
         "2-layer Qwen3 with the real Qwen3 tokenizer, built locally (no download)"
     )
-    model_cache: str = Field("runs/.models", description="where 'tiny-random' models are written")
+    init: str | None = Field(
+        None,
+        description="start from these weights instead of backend.model's: a run folder (its latest "
+        "checkpoint, e.g. an SFT warm start; exported once into model_cache) or an exported HF folder; "
+        "same architecture and tokenizer as backend.model (rtpo.llm.init)",
+    )
+    model_cache: str = Field("runs/.models", description="where 'tiny-random' models (and init exports) are written")
     tiny_tokenizer: Literal["qwen3", "bpe512", "bpe512-chat"] = Field(
         "qwen3",
         description="tiny-random only: the real Qwen3 vocab, or a 512-token BPE built offline (a random "

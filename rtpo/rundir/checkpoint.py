@@ -56,6 +56,7 @@ LATEST = "latest"
 STATE = "state.ckpt"
 CHECKPOINT = "checkpoint.pkl"  # the single checkpoint of runs written before the history (read only)
 CHECKPOINT_ID = "checkpoint.id"
+LOCK = ".lock"  # held (flock) by the one process writing the run folder; see lock_run
 SUMMARY = "summary.md"
 SUMMARY_JSON = "summary.json"
 CURVE = "learning_curve.png"
@@ -69,6 +70,70 @@ VERSION = 2
 _MAGIC = b"RTPO-CHECKPOINT "
 _STATE_KEYS = ("version", "learner", "sampler", "rng", "budget", "progress")
 _NAME = re.compile(r"iter_(\d{1,9})(?:_phase_(\d{1,9}))?")
+
+
+class RunLocked(ConfigError):
+    """Another live process holds the run folder's lock (lock_run)."""
+
+
+class RunLock:
+    """An exclusive flock(2) on RUN/.lock, held for as long as a process writes the run folder.
+
+    The kernel drops it when its holder exits, however it exits (SIGKILL included): a stale `.lock` file
+    never blocks anyone, and only a live writer makes a second one be refused, at once (LOCK_NB), in one
+    line naming the holder's pid, before it reads or touches anything."""
+
+    def __init__(self, run_dir: Path) -> None:
+        import fcntl
+
+        self.path = Path(run_dir) / LOCK
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise ConfigError(f"{run_dir}: cannot open its lock file {LOCK} ({e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = _flock_holder(fd)
+            finally:
+                os.close(fd)
+            raise RunLocked(
+                f"{run_dir}: another rtpo process ({holder}) is writing this run folder; "
+                "wait for it to end (or stop it) and try again"
+            ) from None
+        self._fd: int | None = fd  # the file stays empty: taking the lock changes no byte of the folder
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _flock_holder(fd: int) -> str:
+    """'pid N' of the process holding the flock on `fd`'s file, from /proc/locks (Linux); else 'pid unknown'."""
+    st = os.fstat(fd)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == want:
+                    return f"pid {parts[4]}"
+    except OSError:
+        pass
+    return "pid unknown"
+
+
+def lock_run(run_dir: Path) -> RunLock:
+    """Take RUN/.lock for this process (RunLocked, one line, when a live process holds it)."""
+    return RunLock(run_dir)
 
 
 def fingerprint(cfg: ScenarioConfig) -> str:
@@ -96,10 +161,14 @@ def _fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `path` so that a crash leaves either the old file or the new one, never a torn one."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:  # disk full: drop the partial file (it holds space) and name the file meant
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
     os.replace(tmp, path)
     _fsync_dir(path.parent)
 

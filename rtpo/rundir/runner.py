@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -266,11 +267,22 @@ def run_scenario(
     config.yaml records the change.  `iteration=N` resumes from checkpoint `ckpt/iter_N` into a new run
     folder under `out_root` (the original keeps all of its metrics and checkpoints).
     """
+    locks: list[checkpoint.RunLock] = []  # the run folder this process writes, locked until it returns
+    try:
+        return _run_scenario(cfg, out_root, resume, progress, overrides, iteration, verbose, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _run_scenario(cfg, out_root, resume, progress, overrides, iteration, verbose, locks) -> RunResult:
     state = None
     if resume is not None:
         run_dir = Path(resume)
         if not (run_dir / CONFIG).is_file():
             raise ConfigError(f"--resume {run_dir}: not a run folder (no {CONFIG})")
+        if iteration is None:  # a second writer is refused here, before anything is read or touched
+            locks.append(checkpoint.lock_run(run_dir))
         saved = load_scenario(run_dir / CONFIG)
         if cfg is not None and cfg.to_dict() != saved.to_dict():
             raise ConfigError(f"--resume {run_dir}: the given scenario differs from the run's {CONFIG}")
@@ -310,17 +322,37 @@ def run_scenario(
             source = run_dir if resume is not None else None
             if resume is None:
                 run_dir = _new_run_dir(Path(out_root), cfg)
+                locks.append(checkpoint.lock_run(run_dir))
                 atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
             elif iteration is not None:
-                run_dir = _fork(run_dir, cfg, state, iteration, Path(out_root))
+                run_dir = _fork(run_dir, cfg, state, iteration, Path(out_root), locks)
             elif config_changed:
                 atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
             libs.attach(run_dir)
             provenance.record(run_dir, resumed=resume is not None, source=source)
-            return _run_loop(cfg, built, run_dir, state, progress)
+            try:
+                return _run_loop(cfg, built, run_dir, state, progress)
+            except OSError as e:
+                if e.errno not in _NO_ROOM:
+                    raise
+                raise _write_error(run_dir, e) from None
         finally:
             if isinstance(built.ctx, Closeable):
                 built.ctx.shutdown()
+
+
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def _write_error(run_dir: Path, e: OSError) -> RunWriteError:
+    where = e.filename or "the run folder"
+    latest = checkpoint.latest_name(run_dir)
+    after = (
+        f"ckpt/{latest} is intact: make room and continue with rtpo run --resume {run_dir}"
+        if latest
+        else "no checkpoint was written yet"
+    )
+    return RunWriteError(f"{run_dir}: cannot write {where} ({e.strerror or e}); the run stopped, {after}")
 
 
 def _check_export(cfg: ScenarioConfig) -> None:
@@ -375,7 +407,7 @@ def run_in_memory(cfg: ScenarioConfig, built: BuiltBackend | None = None, progre
             built.ctx.shutdown()
 
 
-def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root: Path) -> Path:
+def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root: Path, locks: list) -> Path:
     """A new run folder that starts as run `src` stood after `iteration` iterations: its config (with
     the resume's overrides), the metric lines up to there, its fingerprint and that checkpoint."""
     lines = state["progress"]["metric_lines"]
@@ -383,6 +415,7 @@ def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root:
     if len(kept) < lines:
         raise ConfigError(f"--iter {iteration}: {src / METRICS} has {len(kept)} lines, the checkpoint expects {lines}")
     run_dir = _new_run_dir(out_root, cfg, f"{src.name}-from-iter_{iteration}")
+    locks.append(checkpoint.lock_run(run_dir))
     atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
     atomic_write_text(run_dir / METRICS, "".join(json.dumps(m) + "\n" for m in kept))
     if (src / checkpoint.CHECKPOINT_ID).is_file():
@@ -420,7 +453,7 @@ def _run_loop(
     ctx = built.ctx
     if state is not None:
         prog = _restore(state, built)
-        method.load_state_dict(prog.method_state)
+        method.load_checkpoint_state(prog.method_state)
         checkpoint.discard_uncommitted(run_dir)
         truncate_metrics(run_dir, prog.metric_lines)
     else:
@@ -506,12 +539,16 @@ def _run_loop(
                     "time/elapsed_s": prog.elapsed_s + time.perf_counter() - start,
                 }
                 line = {k: _jsonable(v) for k, v in record.items()}
+                _check_finite(line, built.value_key, prog, run_dir)  # before the line or a checkpoint
                 if metrics_file is None:
                     in_memory.append(line)
                 else:
-                    metrics_file.write(json.dumps(line) + "\n")
-                    metrics_file.flush()
-                    os.fsync(metrics_file.fileno())
+                    try:
+                        metrics_file.write(json.dumps(line) + "\n")
+                        metrics_file.flush()
+                        os.fsync(metrics_file.fileno())
+                    except OSError as e:  # name the file (a write on an open file says none)
+                        raise OSError(e.errno, e.strerror, str(run_dir / METRICS)) from None
                 prog.metric_lines += 1
                 for t in trackers:  # the same record, the same keys
                     t.log(line, prog.global_phase)
@@ -525,7 +562,7 @@ def _run_loop(
                 if checkpoint_due and run_dir is not None:
                     saved_elapsed = prog.elapsed_s
                     prog.elapsed_s = saved_elapsed + time.perf_counter() - start
-                    prog.method_state = method.state_dict()
+                    prog.method_state = method.checkpoint_state()
                     _save_checkpoint(run_dir, cfg, built, prog)
                     prog.elapsed_s = saved_elapsed
                     for t in trackers:  # what a resume will not run again may now go out
@@ -544,7 +581,7 @@ def _run_loop(
         for t in trackers:
             t.close()
     prog.elapsed_s += time.perf_counter() - start
-    prog.method_state = method.state_dict()
+    prog.method_state = method.checkpoint_state()
     if run_dir is None:
         metrics = in_memory
     else:
@@ -552,6 +589,33 @@ def _run_loop(
         metrics = read_metrics(run_dir)
     summary = _finish(run_dir, cfg, built, metrics, prog)
     return RunResult(run_dir=run_dir, metrics=metrics, summary=summary, learner=ctx.learner)
+
+
+class TrainingDiverged(RuntimeError):
+    """The first non-finite loss, gradient or value of a run (str: one line naming it and the phase)."""
+
+
+class RunWriteError(RuntimeError):
+    """A run folder that could not be written (disk full, quota, read-only): one line naming the file;
+    the checkpoint `latest` names is intact and the run resumes exactly from it."""
+
+
+# what must stay finite: the loss terms and the learner's own figures (gradient norm, lr), and the value
+_MUST_BE_FINITE = ("loss/", "train/")
+
+
+def _check_finite(line: dict, value_key: str, prog: _Progress, run_dir: Path | None) -> None:
+    """Stop the run at the first non-finite loss, gradient or value (train.lr=1e308 used to run to the
+    end and report 'final value nan', exit 0).  Nothing of the phase is written: no metrics line, no
+    checkpoint, so `latest` stays the last finite state."""
+    for key, v in line.items():
+        if (key.startswith(_MUST_BE_FINITE) or key == value_key) and isinstance(v, float) and not math.isfinite(v):
+            latest = checkpoint.latest_name(run_dir) if run_dir is not None else None
+            kept = f"the latest checkpoint ckpt/{latest} is the last finite state" if latest else "no checkpoint"
+            raise TrainingDiverged(
+                f"non-finite training: {key} = {v} in phase {prog.global_phase} (iteration {prog.iteration}, "
+                f"phase {prog.phase_in_iter - 1} of it); stopped with {kept} (lower train.lr, or check the rewards)"
+            )
 
 
 def _ratio(ev: dict, built: BuiltBackend) -> float | None:

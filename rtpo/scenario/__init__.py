@@ -4,6 +4,8 @@
   and the validation helpers every backend's section builds on.
 - `backends`: the backend registry (a `backend.kind` names a config section, a task parser, a builder).
 - `plugins`: user modules and entry points that register names before a scenario is validated.
+- `shipped`: the scenarios shipped in the package (rtpo/scenarios, a link to the repository's scenarios/)
+  by name, and the one rule that turns a SCENARIO argument into a file (a path, else a shipped name).
 - `load`: a whole scenario: YAML -> overrides -> ScenarioConfig (`load_scenario`, `parse_scenario`).
 - `docs`: the same keys as readable text: `rtpo config show|schema` and docs/config.md
   (`python -m rtpo.scenario.docs --write docs/config.md`).

@@ -14,7 +14,6 @@ import dataclasses
 import os
 import re
 import sys
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +143,9 @@ def check_memory(parts: list[tuple[str, int]]) -> None:
 # -- files and overrides -----------------------------------------------------------------------------
 def default_scenario_text() -> str:
     """The embedded default scenario (package data, so `rtpo run` works from any directory)."""
-    return resources.files("rtpo").joinpath("scenarios/default.yaml").read_text()
+    from rtpo.scenario.shipped import default_path
+
+    return default_path().read_text()
 
 
 def apply_override(data: dict, override: str) -> None:
@@ -187,12 +188,10 @@ def load_scenario(
     if path is None:
         text, where = default_scenario_text(), "default scenario"
     else:
-        p = Path(path)
+        from rtpo.scenario.shipped import scenario_file
+
+        p = scenario_file(path)  # a file, or a shipped scenario's name (one-line errors: a folder, no such name)
         where = str(p)
-        if p.is_dir():
-            raise ConfigError(f"{where}: is a folder; give a scenario file (`rtpo scenarios` lists the shipped ones)")
-        if not p.is_file():
-            raise ConfigError(f"{where}: no such scenario file")
         try:
             text = p.read_text()
         except (OSError, UnicodeDecodeError) as e:

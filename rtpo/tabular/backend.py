@@ -291,7 +291,9 @@ class TabularLearner:
         where[present] = torch.arange(present.numel())
         return torch.stack([self.parts[k] for k in present.tolist()])[where[turn], ctx]
 
-    def _token_logp(self, batch: TurnBatch, params: torch.Tensor | None = None) -> torch.Tensor:
+    def _token_logp(self, batch: TurnBatch, params: torch.Tensor | None = None, entropy: bool = False):
+        """log π of each row's action (and, with entropy=True, also each row's entropy −Σ_a π log π, both
+        differentiable)."""
         if not batch.tokens.is_uniform(1):
             raise ValueError("tabular responses are exactly one token (the action)")
         turn, ctx = _decode_contexts(batch.contexts)
@@ -299,7 +301,8 @@ class TabularLearner:
             lp = torch.log_softmax(self._logits(turn, ctx), dim=-1)
         else:
             lp = self.policy.log_probs(params, turn, ctx)
-        return lp.gather(1, torch.tensor(batch.tokens.values, dtype=torch.int64)[:, None]).squeeze(1)
+        chosen = lp.gather(1, torch.tensor(batch.tokens.values, dtype=torch.int64)[:, None]).squeeze(1)
+        return (chosen, -(lp.exp() * lp).sum(-1)) if entropy else chosen
 
     def logprobs(self, batch: TurnBatch) -> Ragged:
         with torch.no_grad():
@@ -324,12 +327,14 @@ class TabularLearner:
         flat = self._flat[1]
         if self.closed_form and closed_form_gradient(loss):
             return self._closed_form_step(batch, flat, loss)
-        logp = self._token_logp(batch)
+        logp, entropy = (
+            self._token_logp(batch, entropy=True) if loss.entropy_coef > 0 else (self._token_logp(batch), None)
+        )
         ref = None
         if loss.kl_coef > 0:
             with torch.no_grad():
                 ref = self._token_logp(batch, self.ref_params)
-        value, metrics = policy_loss(logp, flat, loss, ref)
+        value, metrics = policy_loss(logp, flat, loss, ref, entropy)
         self.opt.zero_grad(set_to_none=True)
         value.backward()
         grads = [p.grad for p in self.parts if p.grad is not None]
