@@ -248,6 +248,7 @@ def iteration(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: 
     sync()
     secs = time.perf_counter() - t0
     split["other"] = secs - sum(split.values())
+    ckpt = checkpoint_roundtrip(learner, Path(tempfile.mkdtemp(prefix="rtpo-gpu-check-ckpt-")), sync)
     close = getattr(learner, "close", None)
     if close is not None:
         close()
@@ -260,7 +261,39 @@ def iteration(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: 
         "split_s": split,
         "rollout_train_time_ratio": split.get("generate", 0.0) / split["train"] if split.get("train") else None,
         "consistency_rollout_train_ratio": consistency,
+        "checkpoint": ckpt,
         **counts,
+    }
+
+
+def checkpoint_roundtrip(learner, folder: Path, sync) -> dict:
+    """The learner's device paths that an iteration does not take: a DCP checkpoint written and read
+    back (the weights must come back equal), and the HF-folder export; seconds of each."""
+    import torch
+
+    before = learner.weights()
+    t0 = time.perf_counter()
+    info = learner.save_sharded(folder / "dcp")
+    sync()
+    save_s = time.perf_counter() - t0
+    with torch.no_grad():  # move the live weights so that the load has something to undo
+        for p in learner.model.parameters():
+            p.add_(1.0)
+    t0 = time.perf_counter()
+    learner.load_state_dict({"format": "torch-dcp", "path": info["dir"], "steps": info["steps"], "tied": info["tied"]})
+    sync()
+    load_s = time.perf_counter() - t0
+    after = learner.weights()
+    same = all(torch.equal(before[k], after[k]) for k in before)
+    t0 = time.perf_counter()
+    exported = learner.save_pretrained(folder / "hf")
+    export_s = time.perf_counter() - t0
+    return {
+        "save_s": save_s,
+        "load_s": load_s,
+        "export_s": export_s,
+        "weights_equal_after_load": bool(same),
+        "exported_files": sorted(p.name for p in Path(exported).iterdir()) if exported else None,
     }
 
 
@@ -327,6 +360,8 @@ def summary(out: dict) -> str:
         return v
 
     def fmt(v, spec=".3g"):
+        if isinstance(v, bool):
+            return str(v)
         return "-" if v is None else format(v, spec) if isinstance(v, (int, float)) else str(v)
 
     rows = [
@@ -354,6 +389,11 @@ def summary(out: dict) -> str:
         ("iteration s", fmt(get("iteration", "seconds"))),
         ("rollout/train time ratio", fmt(get("iteration", "rollout_train_time_ratio"))),
         ("rollout/train logp ratio", fmt(get("iteration", "consistency_rollout_train_ratio"))),
+        (
+            "checkpoint save/load/export s",
+            fmt([get("iteration", "checkpoint", k) for k in ("save_s", "load_s", "export_s")]),
+        ),
+        ("checkpoint weights equal", fmt(get("iteration", "checkpoint", "weights_equal_after_load"))),
         ("plan", "available" if get("plan", "available") else fmt(get("plan", "reason"))),
     ]
     for name, pred, meas in plan_vs_measured(out):

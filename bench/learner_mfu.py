@@ -107,7 +107,7 @@ def _plain_loop(
         for lo in range(0, rows, micro_rows):
             sl = slice(lo, min(rows, lo + micro_rows))
             with torch.autocast(device.type, dtype=dtype, enabled=amp):
-                logits = model(input_ids=ids[sl], logits_to_keep=rsp_len + 1).logits[:, :-1]
+                logits = model(input_ids=ids[sl], logits_to_keep=rsp_len + 1, use_cache=False).logits[:, :-1]
             logp = torch.log_softmax(logits.float() / temperature, -1)
             lp = logp.gather(-1, ids[sl, ctx_len:, None]).squeeze(-1)
             ratio = torch.exp(lp - old[sl])

@@ -7,6 +7,7 @@
     rtpo eval TARGET [key=value ...] [--samples N] [--k 1,4,8] [--queries Q|all] [--split eval|train]
               [--seed S] [--threshold T] [--out FILE]      (rtpo.commands.eval.main)
     rtpo export RUN [--iter N] OUT                           (rtpo.commands.export)
+    rtpo report RUN [RUN ...] [--out FILE.html]              (rtpo.rundir.report)
     rtpo verify ...      (rtpo.verify.cli.main)
     rtpo compare ...     (rtpo.compare.main)
 
@@ -45,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"rtpo {__version__}")
     sub = p.add_subparsers(
         dest="command",
-        metavar="{run,solve,plan,eval,export,verify,compare,config,scenarios,plot}",
+        metavar="{run,solve,plan,eval,export,verify,compare,config,scenarios,plot,report}",
         parser_class=OneLineParser,
     )
     run = sub.add_parser("run", help="train on a scenario (default: the embedded default scenario)")
@@ -131,6 +132,11 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--metric", default=None, help="metric key (default: the backend's value, eval/value)")
     plot.add_argument("--x", default="budget/rollouts", help="x axis key (default: budget/rollouts)")
     plot.add_argument("--out", default="curves.png", help="output file; .svg or .pdf for vector output")
+    report = sub.add_parser(
+        "report", help="one self-contained HTML page of run folders: curves, per-turn statistics, config, samples"
+    )
+    report.add_argument("runs", nargs="+", metavar="RUN", help="run folders written by `rtpo run` (several: compared)")
+    report.add_argument("--out", default=None, help="the page to write (default RUN/report.html; needed for several)")
     sub.add_parser("verify", help="property tests of the paper's claims (rtpo.verify)", add_help=False)
     sub.add_parser("compare", help="equal-budget method comparison (rtpo.compare)", add_help=False)
     return p
@@ -321,6 +327,17 @@ def _cmd_plot(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(ns: argparse.Namespace) -> int:
+    from rtpo.rundir.report import ReportError, write_report
+
+    try:
+        out = write_report(ns.runs, ns.out)
+    except ReportError as e:
+        return _fail(str(e))
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # verify/compare/eval own their arguments entirely: hand everything after the subcommand over untouched
@@ -351,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_scenarios()
     if ns.command == "plot":
         return _cmd_plot(ns)
+    if ns.command == "report":
+        return _cmd_report(ns)
     parser.print_help(sys.stderr)
     return USAGE_ERROR
 

@@ -11,6 +11,26 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+
+
+def family_writer(task_kind: str) -> Callable[..., list[dict]]:
+    """The demonstrations writer of a task kind."""
+    from rtpo.llm.search import QA_KINDS
+
+    if task_kind == "arithmetic":
+        from rtpo.llm.gold import math_demonstrations
+
+        return math_demonstrations
+    if task_kind in QA_KINDS:
+        from rtpo.llm.gold_qa import qa_demonstrations
+
+        return qa_demonstrations
+    if task_kind == "airline":
+        from rtpo.llm.gold_airline import airline_demonstrations
+
+        return airline_demonstrations
+    raise ValueError(f"no gold trajectories for task.kind {task_kind!r} (arithmetic, airline or a QA kind)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         if not 0.0 <= args.imperfect <= 1.0:
             raise ConfigError(f"--imperfect must be in [0, 1], got {args.imperfect}")
         cfg = load_scenario(args.scenario, args.overrides)
-        writer = gold.family_writer(cfg.task.kind)
+        writer = family_writer(cfg.task.kind)
         env = build_env(cfg, "train")
         records = writer(env, imperfect=args.imperfect, seed=args.seed)
     except (ConfigError, ValueError) as e:

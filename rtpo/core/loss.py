@@ -82,7 +82,9 @@ class LossConfig:
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {self.aggregation!r} (valid: {', '.join(AGGREGATIONS)})")
         if self.aggregation == "seq-mean-token-sum-norm" and (self.norm_length is None or not self.norm_length > 0):
-            raise ValueError("norm_length: seq-mean-token-sum-norm needs a positive constant L (max response tokens)")
+            raise ValueError(
+                "norm_length must be a positive constant L for seq-mean-token-sum-norm (max response tokens)"
+            )
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"unknown kl_estimator {self.kl_estimator!r} (valid: {', '.join(KL_ESTIMATORS)})")
         if self.kl_coef < 0:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,23 +118,6 @@ def math_demonstrations(env: Any, imperfect: float = 0.15, seed: int = 0) -> lis
             raise ValueError(f"problem {q}: the gold trajectory scored {s.reward}")
         out.append(_record(q, item.question, "imperfect" if kind else "gold", s.messages, kind))
     return out
-
-
-def family_writer(task_kind: str) -> Callable[..., list[dict]]:
-    """The demonstrations writer of a task kind."""
-    from rtpo.llm.search import QA_KINDS
-
-    if task_kind == "arithmetic":
-        return math_demonstrations
-    if task_kind in QA_KINDS:
-        from rtpo.llm.gold_qa import qa_demonstrations
-
-        return qa_demonstrations
-    if task_kind == "airline":
-        from rtpo.llm.gold_airline import airline_demonstrations
-
-        return airline_demonstrations
-    raise ValueError(f"no gold trajectories for task.kind {task_kind!r} (arithmetic, airline or a QA kind)")
 
 
 def write_demonstrations(records: list[dict], out: str | Path) -> Path:

@@ -86,10 +86,10 @@ def _parse_line(path: Path, n: int, raw: str) -> Demonstration:
         raise DemonstrationError(f"{where}: not valid JSON ({' '.join(str(e).split())})") from None
     if not isinstance(rec, dict):
         raise DemonstrationError(f"{where}: a demonstration must be a JSON object, got {type(rec).__name__}")
-    unknown = sorted(set(rec) - {"problem", "question", "quality", "messages", "note"})
+    unknown = sorted(set(rec) - {"problem", "question", "quality", "messages", "note", "reward"})
     if unknown:
         raise DemonstrationError(
-            f"{where}: unknown field {unknown[0]!r} (fields: problem, question, quality, messages, note)"
+            f"{where}: unknown field {unknown[0]!r} (fields: problem, question, quality, messages, note, reward)"
         )
     problem = rec.get("problem")
     if not isinstance(problem, int) or isinstance(problem, bool) or problem < 0:

@@ -7,6 +7,8 @@
 - `logs`: the libraries' log lines into RUN/logs/ instead of the console.
 - `trackers`: the sinks fed the metrics record (jsonl, tensorboard, wandb, trackio, mlflow).
 - `plots`: the learning-curve PNGs.
+- `report`: `rtpo report`, the folder(s) as one self-contained HTML page (curves, per-turn statistics,
+  trunks, timing, config, provenance, generations).
 
 May import: rtpo.core, rtpo.scenario, and the backends only through the registry (rtpo.scenario.backends).
 `checkpoint`, `provenance`, `logs`, `trackers` and `plots` import neither the runner nor a backend, so a
