@@ -81,9 +81,9 @@ def _graph() -> dict[str, set[str]]:
     """Importing the backend registry may import its providers (lazily, by name: rtpo.scenario.backends._PROVIDERS),
     so a module that imports rtpo.scenario.backends depends on them too — except the providers themselves, which
     import the registry only to register with it."""
-    from rtpo.scenario.backends import _PROVIDERS
+    from rtpo.scenario.backends import _EXTENSIONS, _PROVIDERS
 
-    providers = set(_PROVIDERS.values())
+    providers = set(_PROVIDERS.values()) | {m for mods in _EXTENSIONS.values() for m in mods}
     graph = {m: _imports(m, p) for m, p in MODULES.items()}
     for m, targets in graph.items():
         if "rtpo.scenario.backends" in targets and m not in providers:
@@ -215,6 +215,7 @@ FLOORS = {
     "rtpo.tabular": 2,
     "rtpo.llm": 2,
     "rtpo.distributed": 2,
+    "rtpo.worlds": 2,  # the wiring of the llm backend's exact worlds to the tabular task kinds (both)
     # 3: a whole scenario (parsed through the registry, i.e. above the backends) and the runner
     "rtpo.scenario": 3,
     "rtpo.rundir": 3,

@@ -30,10 +30,11 @@ class LLMBackendConfig(BackendConfig):
         "same architecture and tokenizer as backend.model (rtpo.llm.init)",
     )
     model_cache: str = Field("runs/.models", description="where 'tiny-random' models (and init exports) are written")
-    tiny_tokenizer: Literal["qwen3", "bpe512"] = Field(
+    tiny_tokenizer: Literal["qwen3", "bpe512", "bpe512-chat"] = Field(
         "qwen3",
         description="tiny-random only: the real Qwen3 vocab, or a 512-token BPE built offline (a random "
-        "policy over it writes digits often enough for answer_parse last_integer)",
+        "policy over it writes digits often enough for answer_parse last_integer); bpe512-chat: one "
+        "whose merges also cover the exact worlds' tool calls and observations (short canonical actions)",
     )
     tiny_init_std: float = Field(0.02, gt=0, description="tiny-random only: init scale (larger = peakier policy)")
     engine: Literal["vllm", "hf"] = Field("vllm", description="sampler: vllm (fast) | hf (reference)")
@@ -59,6 +60,12 @@ class LLMBackendConfig(BackendConfig):
         "auto", description="where the learner and the hf engine run (auto: cuda when torch sees a GPU)"
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
+    peak_flops: float | None = Field(
+        None,
+        gt=0,
+        description="one device's peak FLOP/s (e.g. 989e12: H200 dense bf16): train steps report the learner's "
+        "perf/learner_mfu against it; null = only the achieved perf/learner_flops_per_s",
+    )
     hardware: str | None = Field(
         None,
         description="accelerator rtpo run checks the workers' memory against before starting (rtpo.plan: "
@@ -152,10 +159,13 @@ class LLMTaskConfig(BaseModel):
 
 def parse_task(data: Any) -> LLMTaskConfig:
     from rtpo.llm.tasks.math import LAYOUTS
+    from rtpo.llm.worlds import parse_world_task, provider_of, world_kinds
 
     if not isinstance(data, dict):
         raise ConfigError(f"task: must be a mapping, got {data!r}")
     kind = data.get("kind")
+    if provider_of(kind) is not None:  # an exact world (rtpo.llm.worlds): a tabular task kind as a chat
+        return parse_world_task(data)
     if kind == "airline":
         from rtpo.llm.airline.build import parse_airline_task
 
@@ -164,7 +174,7 @@ def parse_task(data: Any) -> LLMTaskConfig:
 
     if kind in QA_KINDS:
         return parse_qa_task(data)
-    valid = ["arithmetic", "airline", *QA_KINDS, *LAYOUTS.names()]
+    valid = ["arithmetic", "airline", *QA_KINDS, *LAYOUTS.names(), *world_kinds()]
     if kind not in valid:
         raise ConfigError(f"task.kind: unknown LLM task {kind!r} (valid: {', '.join(valid)})")
     try:
@@ -207,8 +217,14 @@ def task_schemas() -> list[dict]:
     except ImportError:
         pass
     from rtpo.llm.search import QATaskConfig
+    from rtpo.llm.worlds import WorldTaskConfig
 
     out.append(QATaskConfig.model_json_schema())
+    world = WorldTaskConfig.model_json_schema()
+    world["properties"].pop("tabular", None)  # the tabular task's own keys (its schemas list them)
+    world["additionalProperties"] = True
+    world.pop("required", None)
+    out.append(world)
     return out
 
 

@@ -98,6 +98,9 @@ _PROVIDERS: dict[str, str] = {
     "tabular_history": "rtpo.tabular.history_build",
     "llm": "rtpo.llm.build",
 }
+# kind -> modules imported after its provider that extend it from above the backends (they may import
+# more than one backend): the llm backend's exact worlds take their MDPs from the tabular task kinds
+_EXTENSIONS: dict[str, tuple[str, ...]] = {"llm": ("rtpo.worlds",)}
 
 
 def register_backend(name: str, spec: BackendSpec) -> BackendSpec:
@@ -111,6 +114,8 @@ def get_backend(kind: Any) -> BackendSpec:
     if kind not in BACKENDS and kind in _PROVIDERS:
         try:
             importlib.import_module(_PROVIDERS[kind])
+            for ext in _EXTENSIONS.get(kind, ()):
+                importlib.import_module(ext)
         except ModuleNotFoundError as e:
             raise KeyError(f"backend {kind!r} is not available here ({e})") from None
     if kind not in BACKENDS:

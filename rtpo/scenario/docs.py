@@ -81,6 +81,11 @@ def _section_meanings(cfg: ScenarioConfig) -> dict[str, dict[str, str]]:
     task = cfg.task
     if isinstance(task, BaseModel):
         meanings = _model_meanings(type(task))
+        inner = getattr(task, "tabular", None)  # an exact world (rtpo.llm.worlds): the tabular section inside
+        if isinstance(inner, BaseModel):
+            meanings.pop("tabular", None)
+            meanings = {**_model_meanings(type(inner)), **meanings}
+            task = inner
         params = getattr(task, "params", None)
         if params is not None and dataclasses.is_dataclass(params):
             meanings.pop("params", None)
@@ -159,6 +164,11 @@ def _defaults(cfg: ScenarioConfig) -> dict[str, dict[str, Any]]:
     task = cfg.task
     if isinstance(task, BaseModel):
         t = of_model(type(task))
+        inner = getattr(task, "tabular", None)  # an exact world: the tabular section's defaults too
+        if isinstance(inner, BaseModel):
+            t.pop("tabular", None)
+            t = {**of_model(type(inner)), **t}
+            task = inner
         params = getattr(task, "params", None)
         if params is not None and dataclasses.is_dataclass(params):
             t.pop("params", None)
