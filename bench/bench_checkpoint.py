@@ -34,9 +34,9 @@ def _folder_bytes(folder: Path) -> int:
 
 
 def _run(tmp: Path, name: str, legacy: bool) -> Path:
-    from rtpo import cli
-    from rtpo import run as run_mod
+    from rtpo.commands import cli
     from rtpo.llm.learner import FSDPLearner
+    from rtpo.rundir import runner as run_mod
 
     args = ["run", str(SCENARIO), *OVERRIDES, f"backend.model_cache={tmp / 'models'}"]
     args += ["--out", str(tmp / name), "--no-progress"]
@@ -63,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch.distributed.checkpoint as dcp
 
-    from rtpo import checkpoint
-    from rtpo.config import load_scenario
     from rtpo.llm.build import _model_dir
     from rtpo.llm.model import load_hf_model
+    from rtpo.rundir import checkpoint
+    from rtpo.scenario.load import load_scenario
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -47,15 +47,15 @@ def _peak_rss_bytes() -> int:
 
 
 def _model_dir():
-    from rtpo.config import load_scenario
     from rtpo.llm.build import _model_dir as model_dir
+    from rtpo.scenario.load import load_scenario
 
     cfg = load_scenario(SCENARIO)
     return cfg, model_dir(cfg)
 
 
 def child_run(out: str) -> dict:
-    from rtpo.cli import main
+    from rtpo.commands.cli import main
 
     try:
         rc = main(["run", str(SCENARIO), "--out", out])

@@ -63,7 +63,7 @@ def child_baseline() -> dict:
 
 
 def child_run(out: str, overrides: list[str]) -> dict:
-    from rtpo.cli import main
+    from rtpo.commands.cli import main
 
     rc = main(["run", str(TINY), *overrides, "--out", out, "--no-progress"])
     if rc:
@@ -127,8 +127,8 @@ def _iterations(run_dir: Path) -> list[dict]:
 
 
 def cpu_runs(hw) -> dict:
-    from rtpo.config import load_scenario
     from rtpo.plan import plan
+    from rtpo.scenario.load import load_scenario
 
     base = _child("baseline")["peak_rss_bytes"]
     out: dict = {"import_baseline_rss_bytes": base}
@@ -165,8 +165,8 @@ def cpu_runs(hw) -> dict:
 
 
 def paper() -> dict:
-    from rtpo.config import load_scenario
     from rtpo.plan import Assumptions, plan
+    from rtpo.scenario.load import load_scenario
 
     rtpo = load_scenario(AIRLINE)
     grpo = load_scenario(AIRLINE, ["method.name=grpo", "method.G=16"])

@@ -160,10 +160,10 @@ def run_setting(args: argparse.Namespace) -> dict:
     """Child process: one backend, every arm, ABBA rounds."""
     import torch
 
-    from rtpo.config import load_scenario
     from rtpo.core.budget import Budget
     from rtpo.core.methods import METHODS, RunContext
     from rtpo.llm.build import build
+    from rtpo.scenario.load import load_scenario
 
     cache = Path(args.model_cache)
     model = _model_dir(args.setting, cache, args.seed)

@@ -36,8 +36,8 @@ def _scenario(name: str) -> str:
 def run_cell_scores(family: str, method: str) -> np.ndarray:
     """(len(CANDIDATES), SEEDS) value/V* of each candidate lr on each seed."""
     from rtpo.compare.jobs import build_jobs
-    from rtpo.config import parse_scenario
-    from rtpo.run import run_in_memory
+    from rtpo.rundir.runner import run_in_memory
+    from rtpo.scenario.load import parse_scenario
 
     out = np.zeros((len(CANDIDATES), SEEDS))
     for i, lr in enumerate(CANDIDATES):
@@ -62,7 +62,7 @@ def agreement(scores: np.ndarray, t: int, rng: np.random.Generator) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     from rtpo.compare.tuning import STABLE
-    from rtpo.threads import torch_threads
+    from rtpo.core.threads import torch_threads
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(Path(__file__).with_name("tune_stability.json")))

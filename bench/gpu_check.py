@@ -7,14 +7,19 @@ written to the JSON as soon as it ends (a section that fails records its error a
 2. learner:    FSDPLearner.train_step in bf16 (FSDP2 MixedPrecisionPolicy over NCCL, world size 1 — the
                FSDP2/NCCL path) with SDPA attention at a realistic token batch, against a plain torch
                loop on the same batch (bench/learner_mfu.py): achieved TFLOP/s, MFU, the ratio.
+   learner_profile: one train step under torch.profiler: kernel time by kind (matmul, attention,
+               elementwise/reductions, copies), the top kernels, and the share of the wall time the GPU
+               was busy.  learner_compiled: the same measurement with LearnerConfig.compile_layers (each
+               decoder layer torch.compile'd; the plain loop compiled alike).
 3. generation: the HF engine (the fallback sampler; batched, bf16, sampling on the device) tokens/s.
                vLLM is used instead where it is installed; the lent H200 image has none (its wheel
                cannot travel), which the JSON says.
 4. iteration:  one RTPO iteration of scenarios/llm/tiny-cpu.yaml on the 0.6B shape on CUDA (hf engine,
                bf16): the time split, the rollout/train ratio (generation seconds / train seconds) and
                the rollout/train log-prob consistency metric.
-5. plan:       `rtpo plan`'s predictions for the same scenario on this hardware next to the measurements,
-               when the installed rtpo has the command (issue 32 item 2); else recorded as unavailable.
+5. plan:       `rtpo plan --json`'s predictions for the iteration's scenario on this hardware, printed
+               next to the measurements (plan_vs_measured); recorded as unavailable where rtpo has no
+               such command.
 
     python bench/gpu_check.py --out bench/gpu_check.json            # on a CUDA machine
     python bench/gpu_check.py --dry-run --out /tmp/gpu_check.json   # CPU, tiny sizes (the tests run this)
@@ -44,6 +49,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+import learner_mfu  # noqa: E402  (bench/learner_mfu.py, beside this file)
 
 # Qwen3-0.6B's shape (28 layers, hidden 1024, tied 151,936-row embedding): ~0.6B parameters
 HALF_B = dict(
@@ -152,7 +158,9 @@ def generation(model_dir: Path, device: str, dtype, rows: int, ctx_len: int, tok
     secs = time.perf_counter() - t0
     n_tok = int(gen.tokens.values.size)
     vllm = importlib.util.find_spec("vllm") is not None
-    del engine
+    # where a decoding step's time goes: a short generate of the same rows under the profiler
+    engine.sampling = dataclasses.replace(full, max_tokens=min(tokens, 32))
+    prof = learner_mfu.profile_step(lambda: engine.generate(ctx, turn, 1, rng), sync, device)
     return {
         "engine": "hf",
         "dtype": str(dtype).replace("torch.", ""),
@@ -162,6 +170,7 @@ def generation(model_dir: Path, device: str, dtype, rows: int, ctx_len: int, tok
         "tokens": n_tok,
         "seconds": secs,
         "tokens_per_s": n_tok / secs,
+        "profile_32_tokens": prof,
         "vllm": {
             "installed": vllm,
             "note": (
@@ -174,14 +183,9 @@ def generation(model_dir: Path, device: str, dtype, rows: int, ctx_len: int, tok
     }
 
 
-def iteration(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: int) -> dict:
-    """One RTPO iteration of tiny-cpu.yaml on `model_dir`, its time split and rollout/train ratio."""
-    import torch
-
-    from rtpo.config import load_scenario
-    from rtpo.llm.build import build
-
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+def iteration_overrides(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: int) -> list[str]:
+    """The iteration's scenario: tiny-cpu.yaml with the model, the hf engine and the device (the plan
+    section plans exactly this)."""
     overrides = [
         f"backend.model={model_dir}",
         "backend.engine=hf",
@@ -195,6 +199,18 @@ def iteration(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: 
     overrides += ["task.num_turns=2", "method.G=2"] if dry else []
     if cuda:
         overrides += ["backend.mixed_precision=bfloat16", "backend.engine_dtype=bfloat16"]
+    return overrides
+
+
+def iteration(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: int) -> dict:
+    """One RTPO iteration of tiny-cpu.yaml on `model_dir`, its time split and rollout/train ratio."""
+    import torch
+
+    from rtpo.llm.build import build
+    from rtpo.scenario.load import load_scenario
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    overrides = iteration_overrides(model_dir, cuda, dry, max_tokens, queries)
     cfg = load_scenario(ROOT / "scenarios" / "llm" / "tiny-cpu.yaml", overrides)
     ctx = build(cfg).ctx
     learner = ctx.learner
@@ -232,6 +248,7 @@ def iteration(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: 
     sync()
     secs = time.perf_counter() - t0
     split["other"] = secs - sum(split.values())
+    ckpt = checkpoint_roundtrip(learner, Path(tempfile.mkdtemp(prefix="rtpo-gpu-check-ckpt-")), sync)
     close = getattr(learner, "close", None)
     if close is not None:
         close()
@@ -244,34 +261,82 @@ def iteration(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: 
         "split_s": split,
         "rollout_train_time_ratio": split.get("generate", 0.0) / split["train"] if split.get("train") else None,
         "consistency_rollout_train_ratio": consistency,
+        "checkpoint": ckpt,
         **counts,
     }
 
 
-def plan_predictions(model_dir: Path, hardware: str | None) -> dict:
-    """`rtpo plan` on the iteration's scenario, for printing beside the measurements (issue 32 item 2).
+def checkpoint_roundtrip(learner, folder: Path, sync) -> dict:
+    """The learner's device paths that an iteration does not take: a DCP checkpoint written and read
+    back (the weights must come back equal), and the HF-folder export; seconds of each."""
+    import torch
 
-    The hook for the plan: when `rtpo plan` exists it is run as a user would run it and its output is
-    kept (`--json` first, plain text otherwise); when it does not, the JSON says so."""
+    before = learner.weights()
+    t0 = time.perf_counter()
+    info = learner.save_sharded(folder / "dcp")
+    sync()
+    save_s = time.perf_counter() - t0
+    with torch.no_grad():  # move the live weights so that the load has something to undo
+        for p in learner.model.parameters():
+            p.add_(1.0)
+    t0 = time.perf_counter()
+    learner.load_state_dict({"format": "torch-dcp", "path": info["dir"], "steps": info["steps"], "tied": info["tied"]})
+    sync()
+    load_s = time.perf_counter() - t0
+    after = learner.weights()
+    same = all(torch.equal(before[k], after[k]) for k in before)
+    t0 = time.perf_counter()
+    exported = learner.save_pretrained(folder / "hf")
+    export_s = time.perf_counter() - t0
+    return {
+        "save_s": save_s,
+        "load_s": load_s,
+        "export_s": export_s,
+        "weights_equal_after_load": bool(same),
+        "exported_files": sorted(p.name for p in Path(exported).iterdir()) if exported else None,
+    }
+
+
+def plan_predictions(overrides: list[str], hardware: str | None) -> dict:
+    """`rtpo plan --json` on the iteration's scenario (issue 32 item 2), run as a user runs it, for
+    printing its predictions beside the measurements; where the installed rtpo has no `plan` command
+    the JSON says so."""
     scenario = str(ROOT / "scenarios" / "llm" / "tiny-cpu.yaml")
-    base = [sys.executable, "-m", "rtpo", "plan", scenario]
+    cmd = [sys.executable, "-m", "rtpo", "plan", scenario, *overrides, "--json"]
     if hardware:
-        base += ["--hardware", hardware]
-    tries = [base + ["--json", f"backend.model={model_dir}"], base + [f"backend.model={model_dir}"], base]
-    last = None
-    for cmd in tries:
+        cmd += ["--hardware", hardware]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"available": True, "error": "rtpo plan took over 120 s"}
+    if p.returncode == 0:
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
-        except subprocess.TimeoutExpired:
-            return {"available": True, "error": "rtpo plan took over 120 s"}
-        last = p
-        if p.returncode == 0:
-            try:
-                return {"available": True, "command": cmd[1:], "predictions": json.loads(p.stdout)}
-            except json.JSONDecodeError:
-                return {"available": True, "command": cmd[1:], "text": p.stdout[-4000:]}
-    err = (last.stderr or last.stdout).strip().splitlines()[-1:] if last is not None else []
-    return {"available": False, "reason": err[0] if err else "rtpo plan failed", "exit": last.returncode}
+            got = json.loads(p.stdout)
+        except json.JSONDecodeError:
+            return {"available": True, "command": cmd[1:], "text": p.stdout[-4000:]}
+        return {"available": True, "command": cmd[1:], "iteration": got.get("iteration"), "plan": got}
+    err = (p.stderr or p.stdout).strip().splitlines()[-1:]
+    return {"available": False, "reason": err[0] if err else "rtpo plan failed", "exit": p.returncode}
+
+
+def plan_vs_measured(out: dict) -> list[tuple[str, object, object]]:
+    """(quantity, predicted, measured) rows: the plan's iteration against the iteration section."""
+    pred = (out.get("plan") or {}).get("iteration") or {}
+    it = out.get("iteration") or {}
+    split = it.get("split_s") or {}
+    if not pred or not split:
+        return []
+    return [
+        ("generated tokens", pred.get("generated_tokens"), it.get("generated_tokens")),
+        ("generate s", pred.get("generate_s"), split.get("generate")),
+        ("train s (+ ratio pass)", pred.get("train_s"), split.get("train", 0.0) + split.get("ratio_pass", 0.0)),
+        (
+            "weight sync s",
+            pred.get("sync_s"),
+            split.get("weight_sync_gather", 0.0) + split.get("weight_sync_load", 0.0),
+        ),
+        ("iteration s", pred.get("time_s"), it.get("seconds")),
+    ]
 
 
 def _section(out: dict, name: str, fn, path: Path) -> None:
@@ -295,6 +360,8 @@ def summary(out: dict) -> str:
         return v
 
     def fmt(v, spec=".3g"):
+        if isinstance(v, bool):
+            return str(v)
         return "-" if v is None else format(v, spec) if isinstance(v, (int, float)) else str(v)
 
     rows = [
@@ -304,15 +371,33 @@ def summary(out: dict) -> str:
         ("learner MFU (datasheet peak)", fmt(get("learner", "learner_mfu"))),
         ("plain torch loop MFU", fmt(get("learner", "plain_mfu"))),
         ("learner / plain time", fmt(get("learner", "ratio"))),
+        ("learner step: GPU busy share", fmt(get("learner_profile", "busy_share"))),
+        ("learner step: kernel s by kind", fmt(get("learner_profile", "by_kind_s"))),
+        ("compiled layers: learner MFU", fmt(get("learner_compiled", "learner_mfu"))),
+        ("compiled layers: plain MFU", fmt(get("learner_compiled", "plain_mfu"))),
+        ("compiled layers: learner/plain", fmt(get("learner_compiled", "ratio"))),
         ("learner tokens/step", fmt(get("learner", "tokens_per_step"), "d")),
         ("learner path", fmt(get("learner", "learner"))),
         ("HF engine tokens/s", fmt(get("generation", "tokens_per_s"))),
-        ("vLLM", "installed" if get("generation", "vllm", "installed") else "not installed (HF engine measured)"),
+        ("decode: GPU busy share", fmt(get("generation", "profile_32_tokens", "busy_share"))),
+        (
+            "vLLM",
+            {True: "installed", False: "not installed (HF engine measured)"}.get(
+                get("generation", "vllm", "installed"), "-"
+            ),
+        ),
         ("iteration s", fmt(get("iteration", "seconds"))),
         ("rollout/train time ratio", fmt(get("iteration", "rollout_train_time_ratio"))),
         ("rollout/train logp ratio", fmt(get("iteration", "consistency_rollout_train_ratio"))),
+        (
+            "checkpoint save/load/export s",
+            fmt([get("iteration", "checkpoint", k) for k in ("save_s", "load_s", "export_s")]),
+        ),
+        ("checkpoint weights equal", fmt(get("iteration", "checkpoint", "weights_equal_after_load"))),
         ("plan", "available" if get("plan", "available") else fmt(get("plan", "reason"))),
     ]
+    for name, pred, meas in plan_vs_measured(out):
+        rows.append((f"plan vs measured: {name}", f"{fmt(pred)} predicted, {fmt(meas)} measured"))
     errors = [k for k, v in out.items() if isinstance(v, dict) and "error" in v]
     rows.append(("sections failed", ", ".join(errors) or "none"))
     width = max(len(k) for k, _ in rows)
@@ -330,7 +415,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=None, help="the iteration's response tokens per turn")
     ap.add_argument("--hardware", default=None, help="rtpo plan's hardware name (default: from the device)")
     ap.add_argument(
-        "--skip", default="", help="comma-separated sections to leave out (ceilings,learner,generation,iteration,plan)"
+        "--skip",
+        default="",
+        help="comma-separated sections to leave out "
+        "(ceilings,learner,learner_profile,learner_compiled,generation,iteration,plan)",
     )
     args = ap.parse_args(argv)
 
@@ -376,7 +464,6 @@ def main(argv: list[str] | None = None) -> dict:
     out["model"] = {k: out["model"][k] for k in ("shape", "hidden_size", "num_hidden_layers", "vocab_size")}
     device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
-    import learner_mfu
 
     sections = {
         "ceilings": lambda: ceilings(torch, cuda),
@@ -392,21 +479,45 @@ def main(argv: list[str] | None = None) -> dict:
             steps=pick["mfu_steps"],
             peak_tflops=peak,
         ),
+        "learner_profile": lambda: learner_mfu.profile_learner(
+            model_dir,
+            pick["mfu_rows"] // 2,  # one micro-batch's rows: the profile of one forward/backward/update
+            pick["mfu_context"],
+            pick["mfu_response"],
+            device,
+            "bfloat16" if cuda else None,
+        ),
+        "learner_compiled": lambda: learner_mfu.measure(
+            model_dir,
+            pick["mfu_rows"],
+            pick["mfu_context"],
+            pick["mfu_response"],
+            device=device,
+            mixed_precision="bfloat16" if cuda else None,
+            micro_batch_tokens=16384,
+            warmup=1,
+            steps=pick["mfu_steps"],
+            peak_tflops=peak,
+            compile_layers=True,
+        ),
         "generation": lambda: generation(
             model_dir, device, dtype, pick["gen_rows"], pick["gen_context"], pick["gen_tokens"]
         ),
         "iteration": lambda: iteration(model_dir, cuda, args.dry_run, pick["iter_max_tokens"], pick["iter_queries"]),
-        "plan": lambda: plan_predictions(model_dir, hardware),
+        "plan": lambda: plan_predictions(
+            iteration_overrides(model_dir, cuda, args.dry_run, pick["iter_max_tokens"], pick["iter_queries"]),
+            hardware,
+        ),
     }
     for name, fn in sections.items():
         if name not in skip:
             _section(out, name, fn, args.out)
-        if name == "learner":
-            gc.collect()  # the learner's and the plain loop's models and optimisers
-            if cuda:
-                torch.cuda.empty_cache()
-            if torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()  # the iteration's learner makes its own group
+        gc.collect()  # a section's models and optimisers
+        if cuda:
+            torch.cuda.empty_cache()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()  # each learner makes its own group
+    out["plan_vs_measured"] = [{"quantity": q, "predicted": p, "measured": m} for q, p, m in plan_vs_measured(out)]
     out["total_s"] = time.perf_counter() - t_start
     args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(summary(out), flush=True)

@@ -68,7 +68,15 @@ def step_flops(config, rows: int, ctx_len: int, rsp_len: int, n_params: int) -> 
     return 3.0 * fwd
 
 
-def _plain_loop(model_dir: Path, batch, device, mixed_precision: str | None, micro_rows: int, temperature: float):
+def _plain_loop(
+    model_dir: Path,
+    batch,
+    device,
+    mixed_precision: str | None,
+    micro_rows: int,
+    temperature: float,
+    compile_layers: bool = False,
+):
     """A closure running one plain-torch update of `batch` (see the module docstring)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -77,6 +85,9 @@ def _plain_loop(model_dir: Path, batch, device, mixed_precision: str | None, mic
         str(model_dir), dtype=torch.float32, local_files_only=True, attn_implementation="sdpa"
     ).to(device)
     model.train()
+    if compile_layers:
+        for layer in model.model.layers:
+            layer.compile()
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, fused=fused)
     rows = len(batch)
@@ -96,7 +107,7 @@ def _plain_loop(model_dir: Path, batch, device, mixed_precision: str | None, mic
         for lo in range(0, rows, micro_rows):
             sl = slice(lo, min(rows, lo + micro_rows))
             with torch.autocast(device.type, dtype=dtype, enabled=amp):
-                logits = model(input_ids=ids[sl], logits_to_keep=rsp_len + 1).logits[:, :-1]
+                logits = model(input_ids=ids[sl], logits_to_keep=rsp_len + 1, use_cache=False).logits[:, :-1]
             logp = torch.log_softmax(logits.float() / temperature, -1)
             lp = logp.gather(-1, ids[sl, ctx_len:, None]).squeeze(-1)
             ratio = torch.exp(lp - old[sl])
@@ -134,6 +145,7 @@ def measure(
     warmup: int = 1,
     steps: int = 3,
     peak_tflops: float | None = None,
+    compile_layers: bool = False,
 ) -> dict:
     """Time FSDPLearner.train_step and the plain loop on one synthetic batch; see the module docstring."""
     import torch
@@ -150,6 +162,7 @@ def measure(
         micro_batch_tokens=micro_batch_tokens,
         mixed_precision=mixed_precision if dev.type == "cuda" else None,
         reuse_ratio_forward=False,
+        compile_layers=compile_layers,
     )
     learner = FSDPLearner(model_dir, lcfg, backend="nccl" if dev.type == "cuda" else "gloo")
     n_params = sum(p.numel() for p in learner.model.parameters())
@@ -157,7 +170,7 @@ def measure(
     batch = synthetic_batch(int(config.vocab_size), rows, ctx_len, rsp_len)
     loss = LossConfig(clip_eps=0.2)
     micro_rows = max(1, micro_batch_tokens // (ctx_len + rsp_len))
-    model, plain = _plain_loop(model_dir, batch, dev, mixed_precision, micro_rows, temperature)
+    model, plain = _plain_loop(model_dir, batch, dev, mixed_precision, micro_rows, temperature, compile_layers)
     # interleaved (learner, plain, learner, ...): a load swing on a shared machine hits both alike
     learner_s, plain_s = [], []
 
@@ -189,6 +202,7 @@ def measure(
             "world_size": shards,
             "mixed_precision": lcfg.mixed_precision,
             "attn_implementation": lcfg.attn_implementation,
+            "compile_layers": compile_layers,
         },
         "step_flops": flops,
         "peak_memory_bytes": peak_mem,
@@ -202,6 +216,75 @@ def measure(
         "plain_mfu": flops / pt / (peak_tflops * 1e12) if peak_tflops else None,
     }
     return out
+
+
+def _kind(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("gemm", "nvjet", "cutlass", "sm90_xmma", "addmm", "aten::mm", "aten::bmm", "matmul")):
+        return "matmul"
+    if any(k in n for k in ("flash", "fmha", "attention", "efficient")):
+        return "attention"
+    if any(k in n for k in ("nccl", "all_gather", "reduce_scatter")):
+        return "communication"
+    if any(k in n for k in ("memcpy", "memset", "copy_")):
+        return "copies"
+    return "elementwise/reductions"
+
+
+def profile_step(fn, sync, device_type: str, top: int = 12) -> dict:
+    """torch.profiler over one call of `fn` (warm): kernel time by kind and the top kernels, and the
+    share of the wall time the device was busy (kernels' summed time / wall; on CPU, aten ops')."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device_type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync()
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        wall = time.perf_counter() - t0
+    rows = []
+    for e in prof.key_averages():
+        if cuda and e.device_type != DeviceType.CUDA:
+            continue
+        if not cuda and not e.key.startswith("aten::"):
+            continue
+        t = (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e6
+        if t > 0:
+            rows.append((e.key, int(e.count), t))
+    busy = sum(t for _, _, t in rows)
+    kinds: dict[str, float] = {}
+    for name, _, t in rows:
+        kinds[_kind(name)] = kinds.get(_kind(name), 0.0) + t
+    rows.sort(key=lambda r: -r[2])
+    return {
+        "wall_s": wall,
+        "busy_s": busy,
+        "busy_share": busy / wall if wall else None,
+        "by_kind_s": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+        "top": [{"name": n[:120], "calls": c, "s": t, "share_of_busy": t / busy} for n, c, t in rows[:top]],
+    }
+
+
+def profile_learner(model_dir: Path, rows: int, ctx_len: int, rsp_len: int, device: str, mixed_precision):
+    """One warm FSDPLearner.train_step under the profiler (`profile_step`), the batch of `measure`."""
+    import torch
+
+    from rtpo.core.loss import LossConfig
+    from rtpo.llm.learner import FSDPLearner, LearnerConfig
+
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    lcfg = LearnerConfig(
+        lr=1e-6, mixed_precision=mixed_precision if dev.type == "cuda" else None, reuse_ratio_forward=False
+    )
+    learner = FSDPLearner(model_dir, lcfg, backend="nccl" if dev.type == "cuda" else "gloo")
+    batch = synthetic_batch(int(learner.model.config.vocab_size), rows, ctx_len, rsp_len)
+    loss = LossConfig(clip_eps=0.2)
+    learner.train_step(batch, loss)
+    return profile_step(lambda: learner.train_step(batch, loss), sync, dev.type)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -167,7 +167,7 @@ def turn_share(root: Path, episodes: int) -> dict:
 
 
 def iteration_share(root: Path) -> dict:
-    from rtpo import cli
+    from rtpo.commands import cli
 
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / "llm" / "tiny-cpu-search.yaml"
     out = root / "runs"

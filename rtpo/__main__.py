@@ -1,6 +1,6 @@
 """`python -m rtpo` is the `rtpo` command."""
 
-from rtpo.cli import main
+from rtpo.commands.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
 def one_torch_thread():
     """torch with one intra-op thread for the test, the process's count put back after it (a module-level
     set_num_threads would hold for every test collected after it)."""
-    from rtpo.threads import torch_threads
+    from rtpo.core.threads import torch_threads
 
     with torch_threads(1):
         yield

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rtpo.commands.eval import EvalSamples
 from rtpo.core.methods.reverse import trunk_outcomes
-from rtpo.eval import EvalSamples
 
 
 def test_trunk_outcomes_count_failures_by_the_turn_they_ended():
@@ -33,7 +33,18 @@ def test_eval_summary_reports_tables_8_9_14():
     assert s["tokens_per_success"] == (100 + 300) / 2  # response tokens per successful trajectory
     assert s["tokens_per_turn"] == 500 / 10
     assert s["tool_calls_attempted"] == 9.0 and s["tool_error_calls"] == 2.0
-    assert s["tool_ok_rate"] == 6 / 8 and s["normal_termination_rate"] == 3 / 4
+    # Table 9's execution success is 1 - errors/attempted (the paper's numbers work out only so), not ok/ran
+    assert s["tool_ok_rate"] == 1 - 2 / 9 and s["normal_termination_rate"] == 3 / 4
+    four = EvalSamples(
+        query_ids=np.arange(1),
+        returns=np.zeros((1, 1)),
+        tokens=np.ones((1, 1), np.int64),
+        turns=np.ones((1, 1), np.int64),
+        malformed_turns=np.zeros((1, 1), np.int64),
+        threshold=0.0,
+        counters={"tool/attempted": 4.0, "tool/calls": 2.0, "tool/ok": 1.0, "tool/errors": 3.0},
+    ).summary()
+    assert four["tool_ok_rate"] == 0.25, "4 attempts, 3 errors: 1 - 3/4 (ok/ran would give 0.5)"
     none = EvalSamples(
         query_ids=np.arange(1),
         returns=np.zeros((1, 2)),

@@ -1,4 +1,4 @@
-"""rtpo.train (rtpo.api): the runner from Python.  In memory it writes nothing and returns exactly what
+"""rtpo.train (rtpo.commands.api): the runner from Python.  In memory it writes nothing and returns exactly what
 `rtpo run` would have written; overrides are one-line errors like the CLI's; docs/python-api.md's example
 runs as written."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import rtpo
-from rtpo.config import ConfigError, load_scenario
-from rtpo.metrics import reproducible
+from rtpo.core.metrics import reproducible
+from rtpo.scenario.load import ConfigError, load_scenario
 from rtpo.tabular import solve
 from rtpo.tabular.generators import tool_chain
 
@@ -22,7 +22,7 @@ SMALL = {"budget": {"iterations": 2, "queries_per_iteration": 8}}
 
 
 def _no_time(lines: list[dict]) -> list[dict]:
-    return [reproducible(m) for m in lines]  # rtpo.metrics: the wall-clock keys left out
+    return [reproducible(m) for m in lines]  # rtpo.core.metrics: the wall-clock keys left out
 
 
 def test_the_docs_example_runs(tmp_path, monkeypatch):

@@ -1,13 +1,16 @@
 """The package's import graph, read from the source with ast (module-level and function-level imports
 alike, `if TYPE_CHECKING:` blocks excluded since they never run, and the backend registry's lazy
-providers counted as the imports they are): no cycle, no product module importing a test module, and
-rtpo.core importing no backend.  Every module also imports on its own.
+providers counted as the imports they are): no cycle, no product module importing a test module,
+rtpo.core importing no backend, and no module importing one on a higher floor (FLOORS).  Every module
+also imports on its own, and the old top-level paths (rtpo.MOVED) import with a DeprecationWarning.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,15 +78,15 @@ def _imports(name: str, path: Path) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    """Importing the backend registry may import its providers (lazily, by name: rtpo.backends._PROVIDERS),
-    so a module that imports rtpo.backends depends on them too — except the providers themselves, which
+    """Importing the backend registry may import its providers (lazily, by name: rtpo.scenario.backends._PROVIDERS),
+    so a module that imports rtpo.scenario.backends depends on them too — except the providers themselves, which
     import the registry only to register with it."""
-    from rtpo.backends import _PROVIDERS
+    from rtpo.scenario.backends import _EXTENSIONS, _PROVIDERS
 
-    providers = set(_PROVIDERS.values())
+    providers = set(_PROVIDERS.values()) | {m for mods in _EXTENSIONS.values() for m in mods}
     graph = {m: _imports(m, p) for m, p in MODULES.items()}
     for m, targets in graph.items():
-        if "rtpo.backends" in targets and m not in providers:
+        if "rtpo.scenario.backends" in targets and m not in providers:
             targets.update(providers - {m})
     return graph
 
@@ -136,8 +139,8 @@ def test_no_import_cycle():
 def test_the_cycle_check_can_fail():
     # the mutant: the cycle this test was written against (config -> backends -> tabular.build -> eval -> config)
     graph = {k: set(v) for k, v in GRAPH.items()}
-    graph["rtpo.tabular.build"].add("rtpo.eval")
-    graph["rtpo.eval"].add("rtpo.config")
+    graph["rtpo.tabular.build"].add("rtpo.commands.eval")
+    graph["rtpo.commands.eval"].add("rtpo.scenario.load")
     assert _cycles(graph)
 
 
@@ -191,3 +194,105 @@ def test_the_method_import_check_can_fail():
     graph = {k: set(v) for k, v in GRAPH.items()}
     graph["rtpo.core.methods.gspo"].add("rtpo.core.methods.grpo")
     assert _method_imports(graph) == [("rtpo.core.methods.gspo", "rtpo.core.methods.grpo")]
+
+
+# The floors, bottom up: a module imports only modules on its own floor or below (longest prefix wins).
+FLOORS = {
+    # 0: the algorithm
+    "rtpo.core": 0,
+    # 1: what the backends build on: the scenario's sections, the backend registry, plugins, and the run
+    # folder's pieces that know nothing of a run (file layout, provenance, logs, trackers, plots)
+    "rtpo.scenario.schema": 1,
+    "rtpo.scenario.backends": 1,
+    "rtpo.scenario.plugins": 1,
+    "rtpo.rundir.checkpoint": 1,
+    "rtpo.rundir.provenance": 1,
+    "rtpo.rundir.logs": 1,
+    "rtpo.rundir.trackers": 1,
+    "rtpo.rundir.plots": 1,
+    "rtpo.commands.common": 1,
+    # 2: the backends
+    "rtpo.tabular": 2,
+    "rtpo.llm": 2,
+    "rtpo.distributed": 2,
+    "rtpo.worlds": 2,  # the wiring of the llm backend's exact worlds to the tabular task kinds (both)
+    # 3: a whole scenario (parsed through the registry, i.e. above the backends) and the runner
+    "rtpo.scenario": 3,
+    "rtpo.rundir": 3,
+    "rtpo.tabular.gym_env": 3,  # a Gymnasium env built from a scenario file: it loads one
+    "rtpo.plan": 3,  # `rtpo plan`'s cost model: reads the backends' sections; the runner asks it check_fits
+    # 4: the commands and the Python API
+    "rtpo.commands": 4,
+    "rtpo.compare": 4,
+    "rtpo.verify": 4,
+    "rtpo": 4,
+}
+
+
+def _floor(module: str) -> int:
+    prefixes = [p for p in FLOORS if module == p or module.startswith(p + ".")]
+    return FLOORS[max(prefixes, key=len)]
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted(
+        (m, t)
+        for m, ts in graph.items()
+        if not _is_test(m)
+        for t in ts
+        if t in graph and not _is_test(t) and _floor(t) > _floor(m)
+    )
+
+
+def test_no_module_imports_a_higher_floor():
+    assert _upward_imports(GRAPH) == [], "a lower floor imports a higher one (see FLOORS)"
+
+
+def test_the_floor_check_can_fail():
+    # the mutants: a backend reaching up for the runner, a section model for the scenario parser
+    graph = {k: set(v) for k, v in GRAPH.items()}
+    graph["rtpo.llm.build"].add("rtpo.rundir.runner")
+    graph["rtpo.scenario.schema"].add("rtpo.scenario.load")
+    assert _upward_imports(graph) == [
+        ("rtpo.llm.build", "rtpo.rundir.runner"),
+        ("rtpo.scenario.schema", "rtpo.scenario.load"),
+    ]
+
+
+def test_every_module_has_a_floor():
+    assert all(any(m == p or m.startswith(p + ".") for p in FLOORS) for m in MODULES)
+
+
+def test_the_top_level_holds_packages_only():
+    # the regrouping: no loose module (and no compatibility shim file) beside the subpackages
+    loose = sorted(p.name for p in PKG.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert loose == [], f"modules at rtpo's top level: {loose}; put them in a subpackage (rtpo/__init__.py)"
+
+
+def test_every_moved_path_imports_the_new_module_with_a_warning():
+    import rtpo
+
+    for old, new in rtpo.MOVED.items():
+        assert new in MODULES and old not in MODULES, (old, new)
+    # a fresh interpreter: the warning names the new path and points at the importing line, the module
+    # object is the new one (so patching through the old path reaches it), `from rtpo import run` too
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "import rtpo.rundir.runner, rtpo.scenario.schema\n"
+        "try:\n    import rtpo.run\nexcept DeprecationWarning as w:\n    print('warned:', w)\n"
+        "warnings.simplefilter('ignore')\n"
+        "import rtpo.run\nfrom rtpo import schema\nfrom rtpo.config import load_scenario\n"
+        "assert rtpo.run is rtpo.rundir.runner and schema is rtpo.scenario.schema\n"
+        "assert load_scenario.__module__ == 'rtpo.scenario.load'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "warned: rtpo.run moved to rtpo.rundir.runner" in out.stdout and out.stdout.endswith("ok\n"), out.stdout
+
+
+def test_python_m_on_a_new_path_runs_the_command():
+    out = subprocess.run(
+        [sys.executable, "-m", "rtpo.scenario.docs", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert out.returncode == 0 and "docs/config.md" in out.stdout + out.stderr, out.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rtpo import cli
+from rtpo.commands import cli
 from rtpo.tabular import evaluate, random_mdp, solve, uniform_policy
 from rtpo.tabular.generators import modulo_psi
 from rtpo.tabular.solve import best_deterministic_psi_policy

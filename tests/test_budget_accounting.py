@@ -1,5 +1,5 @@
 """Reported spend is real spend: what `rtpo compare` reports for a run equals the rollouts in the run's own
-checkpoint, and every iteration it paid for was trained and evaluated (rtpo.run._run_loop's budget rule).
+checkpoint, and every iteration it paid for was trained and evaluated (rtpo.rundir.runner._run_loop's budget rule).
 
 Budgets at an exact multiple of a flat method's iteration size and below one iteration are the cases
 that went wrong before: the last iteration was generated, then the cap stopped the run before its
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from rtpo import compare
-from rtpo.checkpoint import latest_path, read_checkpoint
-from rtpo.run import read_metrics
+from rtpo.rundir.checkpoint import latest_path, read_checkpoint
+from rtpo.rundir.runner import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rtpo import checkpoint
-from rtpo.checkpoint import CKPT_DIR, iterations_saved, latest_name, latest_path, read_checkpoint, read_metrics
-from rtpo.cli import main
-from rtpo.config import load_scenario
-from rtpo.metrics import reproducible
-from rtpo.run import run_scenario
+from rtpo.commands.cli import main
+from rtpo.core.metrics import reproducible
+from rtpo.rundir import checkpoint
+from rtpo.rundir.checkpoint import CKPT_DIR, iterations_saved, latest_name, latest_path, read_checkpoint, read_metrics
+from rtpo.rundir.runner import run_scenario
+from rtpo.scenario.load import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 4  # phases per RTPO iteration of the default scenario (task.num_turns)
@@ -35,7 +35,7 @@ SMALL = ["budget.iterations=3", "budget.queries_per_iteration=4", "logging.plot=
 
 
 def _untimed(metrics: list[dict]) -> list[dict]:
-    return [reproducible(m) for m in metrics]  # rtpo.metrics: the wall-clock keys left out
+    return [reproducible(m) for m in metrics]  # rtpo.core.metrics: the wall-clock keys left out
 
 
 def _ckpt_names(run_dir: Path) -> list[str]:
@@ -75,8 +75,8 @@ _KILLER = textwrap.dedent(
     """
     import os, signal, sys
     import shutil
-    from rtpo import checkpoint
-    from rtpo.config import load_scenario
+    from rtpo.rundir import checkpoint
+    from rtpo.scenario.load import load_scenario
 
     where, attr, n, needle = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     owner = {"checkpoint": checkpoint, "os": os, "shutil": shutil, "method": type(load_scenario(None).method.build())}[where]
@@ -91,7 +91,7 @@ _KILLER = textwrap.dedent(
         return real(*args, **kwargs)
 
     setattr(owner, attr, wrapped)
-    from rtpo.cli import main
+    from rtpo.commands.cli import main
 
     sys.exit(main(sys.argv[5:]))
     """

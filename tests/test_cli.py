@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rtpo import cli
+from rtpo.commands import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,7 @@ def test_solve_every_shipped_scenario(name, capsys):
 
 
 def test_every_command_uses_the_shared_one_line_parser():
-    """rtpo.cliutil is the one place the one-line-error parser is defined; a command that subclasses
+    """rtpo.commands.common is the one place the one-line-error parser is defined; a command that subclasses
     argparse itself again would drift from the `PROG: error: ...`, exit 2 contract."""
     import ast
 
@@ -90,7 +90,7 @@ def test_every_command_uses_the_shared_one_line_parser():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("ArgumentParser") for b in node.bases):
                 own.append(f"{path.relative_to(ROOT)}:{node.name}")
-    assert own == ["rtpo/cliutil.py:OneLineParser"]
+    assert own == ["rtpo/commands/common.py:OneLineParser"]
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_dispatched_commands_fail_in_one_line(argv, prefix, capsys):
     assert err.count("\n") == 1 and err.startswith(prefix), err
 
 
-@pytest.mark.parametrize("module", ["rtpo.compare", "rtpo.eval"])
+@pytest.mark.parametrize("module", ["rtpo.compare", "rtpo.commands.eval"])
 def test_python_dash_m_runs_the_subcommand(module):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     bad = subprocess.run([sys.executable, "-m", module, "--bogus"], env=env, capture_output=True, text=True)

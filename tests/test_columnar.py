@@ -114,8 +114,8 @@ def test_backend_rollout_path_option_selects_the_path_with_equal_results(scenari
     """`backend.rollout_path` (default columnar) keeps the per-episode path selectable from a scenario."""
     from pathlib import Path
 
-    from rtpo.backends import get_backend
-    from rtpo.config import load_scenario
+    from rtpo.scenario.backends import get_backend
+    from rtpo.scenario.load import load_scenario
 
     root = Path(__file__).resolve().parents[1]
     out = {}

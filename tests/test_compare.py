@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-pytest.importorskip("rtpo.run", reason="needs the scenario runner (rtpo.run)")
+pytest.importorskip("rtpo.rundir.runner", reason="needs the scenario runner (rtpo.rundir.runner)")
 
 from rtpo import compare  # noqa: E402
 
@@ -189,7 +189,7 @@ sys.exit(compare.main(sys.argv[1:]))
 
 @pytest.mark.slow
 def test_worker_processes_start_after_torch_ran_multithreaded_in_the_caller(scenario, tmp_path):
-    """A caller that already ran a multi-threaded torch op (a test session, a notebook, rtpo.api) gets its
+    """A caller that already ran a multi-threaded torch op (a test session, a notebook, rtpo.commands.api) gets its
     comparison: workers come from a fork server, so none inherits a forked OpenMP team (which blocks at
     its first parallel op forever)."""
     import subprocess

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-pytest.importorskip("rtpo.run", reason="needs the scenario runner (rtpo.run)")
+pytest.importorskip("rtpo.rundir.runner", reason="needs the scenario runner (rtpo.rundir.runner)")
 
 from rtpo import compare  # noqa: E402
-from rtpo.cli import main as rtpo_main  # noqa: E402
+from rtpo.commands.cli import main as rtpo_main  # noqa: E402
 from tests.test_compare import SCENARIO  # noqa: E402
 
 
@@ -47,8 +47,8 @@ def test_compare_runs_gives_the_tables_compare_gave(earlier, tmp_path, capsys):
 
 
 def test_runs_of_one_method_with_different_settings_are_separate_rows(earlier, tmp_path):
-    from rtpo.config import load_scenario
-    from rtpo.run import run_scenario
+    from rtpo.rundir.runner import run_scenario
+    from rtpo.scenario.load import load_scenario
 
     _, runs, scenario = earlier
     rtpo_runs = [r for r in runs if load_scenario(r / "config.yaml").method.name == "rtpo"]
@@ -61,8 +61,8 @@ def test_runs_of_one_method_with_different_settings_are_separate_rows(earlier, t
 
 
 def test_folders_that_cannot_be_compared_are_one_line_errors(earlier, tmp_path, capsys):
-    from rtpo.config import load_scenario
-    from rtpo.run import run_scenario
+    from rtpo.rundir.runner import run_scenario
+    from rtpo.scenario.load import load_scenario
 
     _, runs, scenario = earlier
     other = run_scenario(load_scenario(str(scenario), ["task.num_actions=4"]), out_root=tmp_path / "o", progress=False)

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("rtpo.run", reason="needs the scenario runner (rtpo.run)")
+pytest.importorskip("rtpo.rundir.runner", reason="needs the scenario runner (rtpo.rundir.runner)")
 
 from rtpo import compare  # noqa: E402
 from rtpo.compare.tuning import Selection, Tune, select  # noqa: E402
-from rtpo.config import ConfigError, load_scenario  # noqa: E402
+from rtpo.scenario.load import ConfigError, load_scenario  # noqa: E402
 
 SCENARIO = """
 name: tiny

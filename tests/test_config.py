@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rtpo.cli import main
-from rtpo.config import ConfigError, default_scenario_text, load_scenario, parse_scenario, parse_yaml
+from rtpo.commands.cli import main
+from rtpo.scenario.load import ConfigError, default_scenario_text, load_scenario, parse_scenario, parse_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios" / "tabular").glob("*.yaml"))
@@ -100,7 +100,7 @@ def test_bad_override_is_one_line_naming_the_key(overrides, expected):
 
 
 def test_bad_files(tmp_path):
-    assert _error([], tmp_path / "missing.yaml").endswith("no such scenario file")
+    assert "missing.yaml: no such scenario file, nor a shipped scenario name" in _error([], tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nmethod: {name: rtpo\n")
     assert "invalid YAML at line" in _error([], bad)
@@ -118,8 +118,8 @@ def test_bad_files(tmp_path):
         (["run", "method.G=1"], "method.G: must be >= 2"),
         (["run", "method.bogus=3"], "method.bogus: unknown key"),
         (["run", "budget.iterations=x"], "budget.iterations: must be a valid integer"),
-        (["run", "/no/such/file.yaml"], "/no/such/file.yaml: no such scenario file"),
-        (["solve", "/no/such/file.yaml"], "/no/such/file.yaml: no such scenario file"),
+        (["run", "/no/such/file.yaml"], "/no/such/file.yaml: no such scenario file, nor a shipped scenario name"),
+        (["solve", "/no/such/file.yaml"], "/no/such/file.yaml: no such scenario file, nor a shipped scenario name"),
         (["run", "--bogus-flag"], "unrecognized arguments"),
         (["frobnicate"], "invalid choice"),
     ],

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rtpo.config import MAX_SCENARIO_NODES, ConfigError, load_scenario, parse_scenario, parse_yaml
+from rtpo.scenario.load import MAX_SCENARIO_NODES, ConfigError, load_scenario, parse_scenario, parse_yaml
 
 NON_FINITE = [".nan", ".inf", "-.inf", ".NaN", ".Inf"]
 # a float key in every section that has one, and in the method's own Config dataclass
@@ -160,7 +160,7 @@ def test_every_shipped_scenario_still_loads(monkeypatch):
 def test_duplicated_keys_are_refused_naming_the_line(tmp_path):
     """PyYAML keeps the last of two equal keys silently; a scenario's second `G:` would win unseen.
     Every mapping level (a section, the top level, a nested tool mapping) is checked; `<<` merges may
-    still be overridden.  Mutant: drop rtpo.schema._construct_mapping and the file loads with G=8."""
+    still be overridden.  Mutant: drop rtpo.scenario.schema._construct_mapping and the file loads with G=8."""
     body = "name: x\nbackend: {kind: tabular}\ntask:\n  kind: chain\nmethod:\n  name: rtpo\n  G: 4\n"
     cases = {
         body + "  G: 8\n": "at line 8: duplicated key 'G' (first at line 7)",
@@ -208,7 +208,7 @@ def test_run_takes_overrides_after_options(tmp_path):
 def test_llm_scenario_without_the_llm_extra_is_one_line(tmp_path):
     """In an install without the llm extra (here: its packages hidden by a sitecustomize import hook), an
     llm scenario used to end in a 22-line import traceback; now one line names the extra, exit 2, and no
-    run folder is made.  Mutant: rtpo.run calls get_backend(...).build directly and the traceback is back."""
+    run folder is made.  Mutant: rtpo.rundir.runner calls get_backend(...).build directly and the traceback is back."""
     import os
     from pathlib import Path
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rtpo.checkpoint import read_metrics
+from rtpo.rundir.checkpoint import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -102,7 +102,7 @@ def test_library_log_lines_go_to_the_run_folder_not_the_console(tmp_path, capfd,
     import logging
     import warnings
 
-    from rtpo.runlogs import library_logs
+    from rtpo.rundir.logs import library_logs
 
     vllm = logging.getLogger("vllm")
     console = logging.StreamHandler(sys.stdout)
@@ -132,7 +132,7 @@ def test_library_log_lines_go_to_the_run_folder_not_the_console(tmp_path, capfd,
 def test_verbose_leaves_the_libraries_on_the_console(caplog):
     import logging
 
-    from rtpo.runlogs import library_logs
+    from rtpo.rundir.logs import library_logs
 
     with library_logs(verbose=True) as libs:
         assert libs.attach(Path("/nonexistent")) is None
@@ -147,7 +147,7 @@ def test_a_failed_build_shows_the_libraries_warnings(caplog):
 
     import pytest
 
-    from rtpo.runlogs import library_logs
+    from rtpo.rundir.logs import library_logs
 
     with pytest.raises(RuntimeError, match="no engine"):
         with library_logs():
@@ -162,7 +162,7 @@ def test_rtpo_own_warnings_stay_on_the_console(tmp_path, monkeypatch):
     it reaches the console's warning display, a library's goes to RUN/logs/warnings.log."""
     import warnings
 
-    from rtpo.runlogs import library_logs
+    from rtpo.rundir.logs import library_logs
 
     shown = []
     monkeypatch.setattr(warnings, "showwarning", lambda message, *a, **k: shown.append(str(message)))
@@ -179,7 +179,7 @@ def test_rtpo_own_warnings_stay_on_the_console(tmp_path, monkeypatch):
 
 def test_what_libraries_write_to_stderr_themselves_goes_to_the_run_folder(tmp_path, capfd):
     """tqdm bars and C++ warnings write to fd 2 directly, also from child processes."""
-    from rtpo.runlogs import console_stderr, library_logs
+    from rtpo.rundir.logs import console_stderr, library_logs
 
     with library_logs() as libs:
         print("before the folder", file=sys.stderr)
@@ -200,7 +200,7 @@ def test_what_libraries_write_to_stderr_themselves_goes_to_the_run_folder(tmp_pa
 def test_a_failed_build_shows_what_the_libraries_wrote_to_stderr(capfd):
     import pytest
 
-    from rtpo.runlogs import library_logs
+    from rtpo.rundir.logs import library_logs
 
     with pytest.raises(RuntimeError, match="no engine"):
         with library_logs():

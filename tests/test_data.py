@@ -1,4 +1,4 @@
-"""rtpo.data: every accepted format reads to the same records, and every bad file is one line naming the
+"""rtpo.llm.data_files: every accepted format reads to the same records, and every bad file is one line naming the
 file and the line/row (fixtures generated in each exact layout: JSONL, a JSON list, datasets' JSON lines,
 verl-style Parquet, Arrow IPC, and folders written by `datasets.save_to_disk`)."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rtpo.data import DataError, chat_text, get_path, iter_raw, read_records
+from rtpo.llm.data_files import DataError, chat_text, get_path, iter_raw, read_records
 
 ROWS = [
     {"id": "a", "question": "1+1?", "answer": "2", "meta": {"level": 1}},

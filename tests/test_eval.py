@@ -1,4 +1,4 @@
-"""`rtpo eval` and its core (rtpo.eval): the unbiased Pass@k estimator against brute-force enumeration,
+"""`rtpo eval` and its core (rtpo.commands.eval): the unbiased Pass@k estimator against brute-force enumeration,
 and the command on tabular targets, where the exact success probability of the policy is known, so the
 sampled Pass@k is checked against the exact one within a stated tolerance."""
 
@@ -16,8 +16,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rtpo import cli
-from rtpo.eval import load_checkpoint_policy, mean_pass_at_k, pass_at_k
+from rtpo.commands import cli
+from rtpo.commands.eval import load_checkpoint_policy, mean_pass_at_k, pass_at_k
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +124,7 @@ def _eval(capsys, *args) -> dict:
 
 def _exact_pass_at_k(cfg, checkpoint: Path | None, ks) -> dict[int, float]:
     """Exact Pass@k of the target's policy from the MDP: per start state, 1 − (1 − P(success | s))^k."""
-    from rtpo.backends import get_backend
+    from rtpo.scenario.backends import get_backend
     from rtpo.tabular.build import build_mdp
     from rtpo.tabular.solve import evaluate
 
@@ -178,7 +178,7 @@ def _check_report(report: dict) -> None:
 
 
 def test_eval_of_a_scenario_matches_the_exact_pass_at_k(binary_scenario, tmp_path, capsys):
-    from rtpo.config import load_scenario
+    from rtpo.scenario.load import load_scenario
 
     report = _eval(
         capsys, binary_scenario, "--samples", N, "--k", "1,2,4", "--queries", Q, "--out", tmp_path / "e.json"
@@ -195,9 +195,9 @@ def test_eval_of_a_scenario_matches_the_exact_pass_at_k(binary_scenario, tmp_pat
 
 
 def test_eval_of_a_run_folder_loads_the_checkpoint_policy(binary_run, capsys):
-    from rtpo.checkpoint import latest_path
-    from rtpo.config import load_scenario
-    from rtpo.run import read_metrics
+    from rtpo.rundir.checkpoint import latest_path
+    from rtpo.rundir.runner import read_metrics
+    from rtpo.scenario.load import load_scenario
 
     report = _eval(capsys, binary_run, "--samples", N, "--k", "1,2,4", "--queries", Q)
     assert (binary_run / "eval.json").is_file()  # the default report path of a run

@@ -52,12 +52,20 @@ def test_gpu_check_dry_run_writes_its_json(tmp_path):
     assert {"generate", "train", "ratio_pass", "weight_sync_load"} <= set(split)
     assert it["trained_tokens"] > 0 and it["generated_tokens"] > 0
     assert abs(sum(split.values()) - it["seconds"]) < 1e-6
+    ckpt = it["checkpoint"]  # a DCP checkpoint written and read back from the learner's device, and the export
+    assert ckpt["weights_equal_after_load"] is True and "config.json" in ckpt["exported_files"], ckpt
     assert it["rollout_train_time_ratio"] == pytest.approx(split["generate"] / split["train"])
     # tiny-cpu's consistency metric: the engine's and the learner's log-probs of the same tokens agree
     assert it["consistency_rollout_train_ratio"] and all(
         abs(r - 1) < 1e-3 for r in it["consistency_rollout_train_ratio"]
     )
     assert "available" in got["plan"]
+    if got["plan"]["available"]:  # rtpo plan's predictions beside the measurements
+        rows = {r["quantity"]: r for r in got["plan_vs_measured"]}
+        gen_tokens = rows["generated tokens"]
+        # the plan's default episode shape is the upper bound (every turn, every token)
+        assert gen_tokens["predicted"] >= gen_tokens["measured"] > 0, gen_tokens
+        assert rows["iteration s"]["measured"] == it["seconds"]
     assert "learner / plain time" in mod.summary(got)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rtpo.core import estimators
-from rtpo.core.methods import flat
+from rtpo.core.methods import base, flat
 from rtpo.tabular import TurnMDP
 from tests._method_helpers import make, stack
 
@@ -61,14 +61,14 @@ def test_k1_method_trains_on_the_hand_computed_advantage(monkeypatch, name, std)
     """One iteration of the registered method on the K = 1 bandit: the advantages of the batch it trains
     on are the HAND table's for each query's count of 1s."""
     seen = {}
-    real = flat.ppo_update
+    real = base.ppo_update  # Method.ppo, the one caller of ppo_update
 
     def spy(learner, batch, *a, **kw):
         seen["adv"] = batch.advantages.values.copy()
         seen["seq"] = batch.seq_id.copy()
         return real(learner, batch, *a, **kw)
 
-    monkeypatch.setattr(flat, "ppo_update", spy)
+    monkeypatch.setattr(base, "ppo_update", spy)
     _, _, ctx = stack(mdp=_bandit(), seed=3)
     cfg = {"M": 4, "N": 4} if name == "arpo" else {"G": 4}
     m = make(name, std=std, **cfg)

@@ -92,3 +92,13 @@ def test_the_docs_example_runs():
     namespace: dict = {}
     exec(compile(block, "docs/python-api.md", "exec"), namespace)
     assert namespace["env"].snapshot() == namespace["snap"]
+
+
+@pytest.mark.parametrize("action", [np.uint64(2**63), np.uint64(2**64 - 1), 2**200, -(2**70), np.int64(-1)])
+def test_an_action_id_outside_int64_is_a_malformed_step(action):
+    """The docstring's promise: any action that is not one of the MDP's is a malformed step, never an
+    exception (np.uint64(2**63) used to overflow the int64 token array)."""
+    env = TurnMDPEnv(tool_chain(num_turns=3, num_actions=3, seed=0))
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert (reward, terminated, info["malformed"]) == (0.0, True, True), info

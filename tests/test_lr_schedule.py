@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from rtpo.config import ConfigError, load_scenario
+from rtpo.core.metrics import reproducible
 from rtpo.core.schedule import LRSchedule, make_lr_scheduler
-from rtpo.metrics import reproducible
-from rtpo.run import run_scenario
+from rtpo.rundir.runner import run_scenario
+from rtpo.scenario.load import ConfigError, load_scenario
 
 
 def test_factor_hand_values():

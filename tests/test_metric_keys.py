@@ -1,4 +1,4 @@
-"""rtpo.metrics: the one declaration of which record keys are wall-clock, and the generation figures
+"""rtpo.core.metrics: the one declaration of which record keys are wall-clock, and the generation figures
 that a one-process sampler and Ray's summed rollout workers both report."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rtpo.metrics import generation_metrics, reproducible, wall_clock
+from rtpo.core.metrics import generation_metrics, reproducible, wall_clock
 
 WALL_CLOCK = [
     "time/phase_s",

@@ -4,7 +4,7 @@ worker before anything starts, user hardware files, and a plan for every shipped
 
 Mutants that turn these red: G instead of G - 1 siblings per boundary in count_phases (counts tests);
 dropping `/ ranks` from the AdamW item in learner_memory (the FSDP2 test); skipping check_fits in
-rtpo.run.run_scenario (the refusal test of `rtpo run`); `reach**k` -> `reach**(k + 1)` (the reach test).
+rtpo.rundir.runner.run_scenario (the refusal test of `rtpo run`); `reach**k` -> `reach**(k + 1)` (the reach test).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from rtpo.cli import main
-from rtpo.config import ConfigError, load_scenario
+from rtpo.commands.cli import main
 from rtpo.plan import Assumptions, DoesNotFit, check_fits, plan
 from rtpo.plan.hardware import GB
 from rtpo.plan.shapes import KNOWN
+from rtpo.scenario.load import ConfigError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 LLM = sorted((ROOT / "scenarios" / "llm").glob("*.yaml"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rtpo.cli import main
-from rtpo.config import load_scenario
-from rtpo.run import run_scenario
+from rtpo.commands.cli import main
+from rtpo.rundir.runner import run_scenario
+from rtpo.scenario.load import load_scenario
 
 SMALL = ["budget.iterations=2", "budget.queries_per_iteration=8", "logging.plot=false"]
 

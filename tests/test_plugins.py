@@ -1,4 +1,4 @@
-"""Plugins (rtpo.plugins): a user's registered names work in `rtpo run`, `rtpo eval` of the run folder,
+"""Plugins (rtpo.scenario.plugins): a user's registered names work in `rtpo run`, `rtpo eval` of the run folder,
 `--resume` and `rtpo compare`, whether the plugin comes by `--plugin MODULE` (recorded in config.yaml)
 or as an installed distribution's `rtpo.plugins` entry point; a plugin that cannot load is one line, exit 2.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rtpo import plugins
-from rtpo.config import ConfigError, default_scenario_text, load_scenario, parse_scenario
+from rtpo.scenario import plugins
+from rtpo.scenario.load import ConfigError, default_scenario_text, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "rtpo-plugin-example"
@@ -199,13 +199,13 @@ def test_plugin_that_exits_or_registers_then_raises_leaves_nothing(tmp_path, mon
     registers a method, an estimator and a backend and then raises leaves none of them registered: the
     next scenario naming them is told the name is unknown, and the real entries they replaced are back.
     Mutant: without rtpo.core.registry.rollback_failed_import the method 's27_half' stays valid."""
-    from rtpo.backends import BACKENDS
     from rtpo.core.estimators import ESTIMATORS
     from rtpo.core.methods import METHODS
+    from rtpo.scenario.backends import BACKENDS
 
     (tmp_path / "s27_exits.py").write_text("import sys\nsys.exit(3)\n")
     (tmp_path / "s27_half.py").write_text(
-        "from rtpo.backends import BACKENDS, BackendSpec, register_backend\n"
+        "from rtpo.scenario.backends import BACKENDS, BackendSpec, register_backend\n"
         "from rtpo.core.estimators import ESTIMATORS\n"
         "from rtpo.core.methods import METHODS, register_method\n"
         "from rtpo.core.methods.rtpo import RTPO\n"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rtpo import checkpoint, provenance
-from rtpo.cli import main
+from rtpo.commands.cli import main
+from rtpo.rundir import checkpoint, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["budget.iterations=2", "budget.queries_per_iteration=4", "logging.plot=false", "logging.keep_last=null"]

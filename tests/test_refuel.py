@@ -9,7 +9,7 @@ import torch
 
 from rtpo.core import RunContext
 from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss, pair_regression_loss, policy_loss
-from rtpo.core.methods import refuel as refuel_mod
+from rtpo.core.methods import base as methods_base
 from rtpo.core.train import turn_rows
 from rtpo.tabular import SoftmaxTable, TabularEnv, TabularLearner, TabularSampler, TurnMDP
 from tests._method_helpers import make
@@ -33,13 +33,13 @@ def _bandit_ctx(lr: float, seed: int = 0) -> RunContext:
 def test_k1_one_sgd_step_by_hand(monkeypatch, eta):
     """θ1 = θ0 − lr ∇L with ∇L = (1/P) Σ_pairs 2 (0 − η (R − R′)) (e_y − e_{y′}) at θ0 (∇log π(a) = e_a − π)."""
     seen = {}
-    real = refuel_mod.ppo_update
+    real = methods_base.ppo_update  # Method.ppo, the one caller of ppo_update
 
     def spy(learner, batch, *a, **kw):
         seen["batch"] = batch
         return real(learner, batch, *a, **kw)
 
-    monkeypatch.setattr(refuel_mod, "ppo_update", spy)
+    monkeypatch.setattr(methods_base, "ppo_update", spy)
     lr, P = 0.1, 6
     ctx = _bandit_ctx(lr, seed=2)
     m = make("refuel", eta=eta)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtpo.config import load_scenario
+from rtpo.scenario.load import load_scenario
 from rtpo.tabular import evaluate, solve, uniform_policy
 from rtpo.tabular.generators import region_chain, tool_chain
 

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rtpo.checkpoint import CHECKPOINT_ID, METRICS, fingerprint, latest_path, read_checkpoint
-from rtpo.cli import main
-from rtpo.config import ConfigError, load_scenario
-from rtpo.run import run_scenario
+from rtpo.commands.cli import main
+from rtpo.rundir.checkpoint import CHECKPOINT_ID, METRICS, fingerprint, latest_path, read_checkpoint
+from rtpo.rundir.runner import run_scenario
+from rtpo.scenario.load import ConfigError, load_scenario
 
 SMALL = ["budget.iterations=2", "budget.queries_per_iteration=4", "logging.plot=false"]
 

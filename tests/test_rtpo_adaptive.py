@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rtpo.config import load_scenario
 from rtpo.core.methods.rtpo_adaptive import (
     RTPOAdaptive,
     allocate,
@@ -20,9 +19,10 @@ from rtpo.core.methods.rtpo_adaptive import (
     ragged_advantages,
     state_keys,
 )
+from rtpo.core.metrics import reproducible
 from rtpo.core.types import Ragged
-from rtpo.metrics import reproducible
-from rtpo.run import run_scenario
+from rtpo.rundir.runner import run_scenario
+from rtpo.scenario.load import load_scenario
 from rtpo.tabular import tool_chain
 from tests._method_helpers import make, run, stack
 
@@ -219,7 +219,7 @@ def test_a_resumed_run_allocates_as_the_uninterrupted_one(tmp_path, monkeypatch)
     (load_state_dict a no-op) allocates differently."""
 
     def untimed(metrics):
-        return [reproducible(m) for m in metrics]  # rtpo.metrics: the wall-clock keys left out
+        return [reproducible(m) for m in metrics]  # rtpo.core.metrics: the wall-clock keys left out
 
     cfg = load_scenario(None, ADAPTIVE)
     full = run_scenario(cfg, out_root=tmp_path / "a", progress=False)

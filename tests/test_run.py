@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from rtpo.checkpoint import latest_path, read_checkpoint
-from rtpo.config import load_scenario
 from rtpo.core.methods.rtpo import RTPO
-from rtpo.metrics import reproducible
-from rtpo.run import read_metrics, run_scenario
+from rtpo.core.metrics import reproducible
+from rtpo.rundir.checkpoint import latest_path, read_checkpoint
+from rtpo.rundir.runner import read_metrics, run_scenario
+from rtpo.scenario.load import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["budget.iterations=2", "budget.queries_per_iteration=16"]
 
 
 def _untimed(metrics: list[dict]) -> list[dict]:
-    return [reproducible(m) for m in metrics]  # rtpo.metrics: the wall-clock keys left out
+    return [reproducible(m) for m in metrics]  # rtpo.core.metrics: the wall-clock keys left out
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path):
     assert 3 <= done < total  # really interrupted mid-run
     before = read_metrics(run_dir)[:done]
 
-    from rtpo.cli import main
+    from rtpo.commands.cli import main
 
     assert main(["run", "--resume", str(run_dir), "--no-progress"]) == 0
     after = read_metrics(run_dir)
@@ -182,7 +182,7 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path):
     ],
 )
 def test_other_tasks_policies_and_context_maps_run(task, tmp_path):
-    from rtpo.config import parse_scenario
+    from rtpo.scenario.load import parse_scenario
 
     data = load_scenario(
         None, ["budget.iterations=1", "budget.queries_per_iteration=8", "logging.plot=false", "method.G=3"]
@@ -201,8 +201,9 @@ def test_a_task_that_fails_to_load_leaves_no_folder_behind(tmp_path, monkeypatch
     forked folder for --resume --iter, and a resumed run's config.yaml as it was."""
     import dataclasses
 
-    from rtpo import backends, cli
-    from rtpo.config import ConfigError
+    from rtpo.commands import cli
+    from rtpo.scenario import backends
+    from rtpo.scenario.load import ConfigError
 
     out = tmp_path / "runs"
     assert (

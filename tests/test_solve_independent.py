@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-from rtpo.cli import main
+from rtpo.commands.cli import main
 from rtpo.tabular import TurnMDP, random_mdp, solve
 
 TOL = 1e-9

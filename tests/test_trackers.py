@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from rtpo.checkpoint import read_metrics
-from rtpo.config import ConfigError, load_scenario
-from rtpo.run import run_scenario
+from rtpo.rundir.checkpoint import read_metrics
+from rtpo.rundir.runner import run_scenario
+from rtpo.scenario.load import ConfigError, load_scenario
 
 
 def test_tensorboard_holds_exactly_the_metrics_jsonl_scalars(tmp_path):
@@ -110,9 +110,9 @@ def test_wandb_shows_each_phase_once_after_a_resume(tmp_path, monkeypatch):
 TRACKIO_CHILD = """
 import json, sys
 from pathlib import Path
-from rtpo.checkpoint import read_metrics
-from rtpo.config import load_scenario
-from rtpo.run import run_scenario
+from rtpo.rundir.checkpoint import read_metrics
+from rtpo.scenario.load import load_scenario
+from rtpo.rundir.runner import run_scenario
 from trackio.sqlite_storage import SQLiteStorage
 
 out = Path(sys.argv[1])
@@ -196,7 +196,7 @@ def test_mlflow_sqlite_store_holds_the_record_each_phase_once_and_the_scenario_o
     pytest.importorskip("sqlalchemy")
     from mlflow.tracking import MlflowClient
 
-    from rtpo.trackers import mlflow_key
+    from rtpo.rundir.trackers import mlflow_key
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # ignored: the store is the run folder's
     cfg = load_scenario(None, [*SMALL, "logging.checkpoint_every=4", "logging.trackers=[jsonl, mlflow]"])
@@ -226,7 +226,7 @@ def test_mlflow_sqlite_store_holds_the_record_each_phase_once_and_the_scenario_o
 
 
 def test_mlflow_key_renames_only_what_mlflow_refuses():
-    from rtpo.trackers import mlflow_key
+    from rtpo.rundir.trackers import mlflow_key
 
     assert mlflow_key("eval/pass@1") == "eval/pass_at_1"
     for key in ("eval/value", "loss/clipfrac", "samples/turn_2", "time/phase_s", "gen/tokens_per_s", "a.b-c d:e"):
@@ -238,7 +238,7 @@ def test_mlflow_key_renames_only_what_mlflow_refuses():
     [("wandb", "wandb"), ("trackio", "trackio"), ("tensorboard", "torch.utils.tensorboard"), ("mlflow", "mlflow")],
 )
 def test_a_missing_tracker_library_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys, tracker, module):
-    from rtpo.cli import main
+    from rtpo.commands.cli import main
 
     monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
     rc = main(
@@ -260,7 +260,7 @@ def test_a_missing_tracker_library_is_one_line_naming_the_extra(tmp_path, monkey
 
 def test_trackio_refuses_to_upload(tmp_path, monkeypatch):
     pytest.importorskip("trackio")
-    from rtpo.trackers import TrackerError
+    from rtpo.rundir.trackers import TrackerError
 
     monkeypatch.setenv("TRACKIO_SPACE_ID", "someone/space")
     cfg = load_scenario(None, ["budget.iterations=1", "logging.plot=false", "logging.trackers=[jsonl, trackio]"])

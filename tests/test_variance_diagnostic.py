@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rtpo import cli, compare
-from rtpo.config import load_scenario
+from rtpo import compare
+from rtpo.commands import cli
+from rtpo.scenario.load import load_scenario
 from rtpo.tabular.build import build_mdp, initial_policy
 from rtpo.tabular.diagnostic import decompose
 
@@ -41,7 +42,7 @@ def test_solve_prints_the_exact_decomposition(name, regime, capsys):
 
 def test_initial_policy_is_the_runs_theta0():
     """init_scale > 0: the diagnostic's policy is the one the run starts from (same seed, same draw)."""
-    from rtpo.backends import get_backend
+    from rtpo.scenario.backends import get_backend
 
     cfg = load_scenario(None, ["task.init_scale=0.7", "seed=5"])
     built = get_backend("tabular").build(cfg)

@@ -17,7 +17,7 @@
   for `budget.iterations` iterations (iterations × rollouts_per_query(K) × queries_per_iteration).
   Each method runs the whole iterations that fit in B (B // (its rollouts_per_query × queries), at
   least 1) and is also capped at B at iteration boundaries (a begun iteration always finishes and is
-  trained: rtpo.run._run_loop's budget rule); the table shows what each really spent, which is its
+  trained: rtpo.rundir.runner._run_loop's budget rule); the table shows what each really spent, which is its
   checkpoint's counter, and flags a row that spent more than B (one iteration costs more than B).
 - The report prints every method's resolved settings (its whole Config as run, inherited scenario
   settings included, and train.lr), calls out the shared update settings that differ between methods
@@ -48,7 +48,7 @@ tuning (--tune's selection), tables (statistics over seeds and the markdown tabl
 and command (the CLI); every public name is importable from rtpo.compare itself.
 """
 
-from rtpo.cliutil import USAGE_ERROR
+from rtpo.commands.common import USAGE_ERROR
 from rtpo.compare.command import DEFAULT_METHODS, main, write_outputs
 from rtpo.compare.jobs import Job, build_jobs, parse_method_spec, resolved_settings
 from rtpo.compare.plots import write_plots

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rtpo.cliutil import OneLineParser, add_plugin_option, fail, write_json
+from rtpo.commands.common import OneLineParser, add_plugin_option, fail, write_json
 from rtpo.compare.jobs import build_jobs
 from rtpo.compare.plots import write_plots
 from rtpo.compare.runner import Outcome, _init_worker, run_all
@@ -64,7 +64,7 @@ def _parser() -> OneLineParser:
 
 def main(argv: list[str]) -> int:
     """`rtpo compare ARGV`: 0 when every run finished, 1 when one failed (it is in the table), 2 on bad input."""
-    from rtpo.config import ConfigError
+    from rtpo.scenario.load import ConfigError
 
     _init_worker()  # single-threaded torch here too (and before any fork)
     ns = _parser().parse_intermixed_args(argv)
@@ -141,7 +141,7 @@ def main(argv: list[str]) -> int:
 def _from_runs(ns, args: list[str], argv: list[str]) -> int:
     """--runs RUN...: the tables and figures of existing run folders (rtpo.compare.existing); runs nothing."""
     from rtpo.compare.existing import from_runs
-    from rtpo.config import ConfigError
+    from rtpo.scenario.load import ConfigError
 
     overrides = [r for r in ns.runs if "=" in r and not Path(r).exists()]  # --runs A B key=v takes them in
     given = [*args, *overrides] + [f"--{k} {getattr(ns, k)}" for k in ("sweep", "tune") if getattr(ns, k)]
@@ -164,7 +164,7 @@ def _tune(scenario, specs: list[str], ns, args: list[str], sweep, out: Path, tun
     """--tune (rtpo.compare.tuning): run every candidate of the tuned specs on the tuning seeds, pick
     each (sweep value, spec)'s best, and return the reported jobs (chosen values; untuned specs as
     given) with the selection in meta."""
-    from rtpo.config import ConfigError
+    from rtpo.scenario.load import ConfigError
 
     tuned = [s for s in specs if tune.applies_to(s)]
     if not tuned:

@@ -30,9 +30,9 @@ def _flat(prefix: str, data, out: dict) -> dict:
 
 
 def _load(run_dir: Path) -> tuple[dict, dict, list[dict], dict]:
-    from rtpo.checkpoint import read_metrics
     from rtpo.compare.jobs import resolved_settings
-    from rtpo.config import ConfigError, load_scenario
+    from rtpo.rundir.checkpoint import read_metrics
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"--runs {run_dir}: not a run folder (no config.yaml)")
@@ -66,7 +66,7 @@ def _labels(configs: list[dict]) -> list[str]:
 
 def from_runs(paths: list[str]) -> tuple[list[Outcome], dict]:
     """Outcomes (one per run folder) and the comparison meta for rtpo.compare.write_outputs."""
-    from rtpo.config import ConfigError
+    from rtpo.scenario.load import ConfigError
 
     runs = [Path(p) for p in paths]
     loaded = [_load(r) for r in runs]

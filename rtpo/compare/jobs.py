@@ -25,7 +25,7 @@ class Job:
 
 def parse_method_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """`name:key=value:key=value` -> (name, {key: value}); values are YAML scalars."""
-    from rtpo.config import ConfigError, parse_yaml
+    from rtpo.scenario.load import ConfigError, parse_yaml
 
     name, *parts = spec.strip().split(":")
     if not name:
@@ -48,28 +48,28 @@ def _method_fields(name: str) -> set[str]:
 
 
 def _scenario_data(scenario: str | None) -> tuple[dict, str]:
-    from rtpo.config import ConfigError, default_scenario_text, parse_yaml
+    from rtpo.scenario.load import ConfigError, default_scenario_text, parse_yaml
 
     if scenario is None:
         return parse_yaml(default_scenario_text(), "default scenario"), "default"
-    p = Path(scenario)
-    if not p.is_file():
-        raise ConfigError(f"{scenario}: no such scenario file")
-    data = parse_yaml(p.read_text(), scenario)
+    from rtpo.scenario.shipped import scenario_file
+
+    p = scenario_file(scenario)  # a file, or a shipped scenario's name
+    data = parse_yaml(p.read_text(), str(p))
     if not isinstance(data, dict):
         raise ConfigError(f"{scenario}: must be a mapping of sections")
     return data, p.stem
 
 
 def _num_turns(cfg) -> int:
-    from rtpo.backends import get_backend
+    from rtpo.scenario.backends import get_backend
 
     return int(get_backend(cfg.backend.kind).build(cfg).ctx.env.num_turns)
 
 
 def _plan_budget(cfg, num_turns: int) -> int:
     """budget.max_rollouts, or what the scenario's own method plans for budget.iterations."""
-    from rtpo.config import ConfigError
+    from rtpo.scenario.load import ConfigError
 
     if cfg.budget.max_rollouts is not None:
         return int(cfg.budget.max_rollouts)
@@ -92,8 +92,8 @@ def build_jobs(
     """Every (sweep value, method, seed) run, each config validated before anything runs.  `plugins`
     (--plugin) join the scenario's own `plugins` list, so every run's config.yaml records them.  Seeds
     are scenario.seed + seed_offset + 0..seeds−1 (--tune's tuning seeds start after the reported ones)."""
-    from rtpo.backends import get_backend
-    from rtpo.config import ConfigError, apply_override, parse_scenario
+    from rtpo.scenario.backends import get_backend
+    from rtpo.scenario.load import ConfigError, apply_override, parse_scenario
 
     try:  # registers `backend.kind: tabular_history` (full-history contexts beside ψ)
         import rtpo.tabular.history_build  # noqa: F401
@@ -101,7 +101,7 @@ def build_jobs(
         pass
     raw, stem = _scenario_data(scenario)
     if plugins:
-        from rtpo.plugins import check_names
+        from rtpo.scenario.plugins import check_names
 
         raw["plugins"] = list(dict.fromkeys([*check_names(raw.get("plugins")), *plugins]))
     if not isinstance(raw.get("method"), dict):
@@ -218,7 +218,7 @@ def _whole_iterations(cfg, budget: int, num_turns: int) -> int | None:
 
 
 def _with_method_overrides(base: dict, msec: dict, method_ov: list[str]) -> dict:
-    from rtpo.config import apply_override
+    from rtpo.scenario.load import apply_override
 
     data = copy.deepcopy(base)
     data["method"] = dict(msec)

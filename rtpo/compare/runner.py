@@ -9,7 +9,7 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 
 from rtpo.compare.jobs import Job
-from rtpo.threads import torch_threads
+from rtpo.core.threads import torch_threads
 
 CURVE_KEYS = (
     "budget/rollouts",
@@ -46,8 +46,8 @@ def run_job(job: Job) -> Outcome:
         import rtpo.tabular.history_build  # noqa: F401
     except ImportError:
         pass
-    from rtpo.config import parse_scenario
-    from rtpo.run import run_scenario
+    from rtpo.rundir.runner import run_scenario
+    from rtpo.scenario.load import parse_scenario
 
     try:
         cfg = parse_scenario(job.data)
@@ -75,7 +75,7 @@ def _run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
             on_done(outcomes)
         return outcomes
     # Workers come from a fork server, never from a fork of this process: once torch's OpenMP team has run
-    # here (any earlier tensor op with more than one thread: a test session, a notebook, rtpo.api), a
+    # here (any earlier tensor op with more than one thread: a test session, a notebook, rtpo.commands.api), a
     # forked child blocks forever at its first parallel op (libgomp is not fork-safe). The server is a
     # fresh interpreter that imports rtpo's runner once and runs no torch op, so forking it is safe and
     # each worker still starts with rtpo and torch imported; it is started once per process and reused.
@@ -83,7 +83,7 @@ def _run_all(jobs: list[Job], workers: int, on_done) -> list[Outcome]:
     method = "forkserver" if "forkserver" in get_all_start_methods() else "spawn"
     ctx = get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(["rtpo.compare.runner", "rtpo.run", "rtpo.config", "torch"])
+        ctx.set_forkserver_preload(["rtpo.compare.runner", "rtpo.rundir.runner", "rtpo.scenario.load", "torch"])
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker) as pool:
         futures = [pool.submit(run_job, j) for j in jobs]
         for fut in as_completed(futures):

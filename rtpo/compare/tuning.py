@@ -44,7 +44,7 @@ class Tune:
 
     @classmethod
     def parse(cls, text: str, seeds: int) -> Tune:
-        from rtpo.config import ConfigError
+        from rtpo.scenario.load import ConfigError
 
         key, eq, vals = text.partition("=")
         values = tuple(v.strip() for v in vals.split(",") if v.strip())

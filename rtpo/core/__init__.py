@@ -1,6 +1,9 @@
-"""The backend-agnostic algorithm core: types, protocols, rollout driver, estimators, the loss, methods.
+"""The backend-agnostic algorithm core: types, protocols, rollout driver, estimators, the loss, methods,
+and what every backend measures with: sampled evaluation (sampled_eval: Pass@k, rewards, turns), the
+metrics record's keys (metrics) and torch's thread count for a block of work (threads).
 
-Imports numpy and torch only; never a backend (rtpo.tabular, rtpo.llm, vllm, ray, transformers).
+Imports numpy and torch only; never a backend (rtpo.tabular, rtpo.llm, vllm, ray, transformers) nor any
+other part of rtpo (the bottom floor, tests/test_architecture.py's FLOORS).
 """
 
 from rtpo.core import estimators, methods

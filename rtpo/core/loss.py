@@ -7,6 +7,11 @@ Implements Eq. 6 (§3.1):
 
 and, through the same code, the variants the baselines need: a token-mean aggregation (GRPO, Eq. 9),
 and a sequence-level ratio s = exp(mean_t log ρ_t) (GSPO).  The loss is −J so it is minimised.
+
+Options every method reaches through its UpdateConfig (rtpo.core.methods.base): the aggregation over
+tokens (`aggregate`: token-mean, seq-mean-token-mean, seq-mean-token-sum, and Dr.GRPO's constant
+normaliser seq-mean-token-sum-norm), the estimator of the KL penalty to the reference policy (`kl_term`:
+k1, k2, k3, low_var_kl) and an entropy bonus; both regularisers are token means added to −J.
 Tokens are a flat array; `token_seq` names the sequence each token belongs to (an RTPO row is its own
 sequence; a GRPO multi-turn trajectory is one sequence spread over several rows).
 """
@@ -21,7 +26,10 @@ import torch
 
 from rtpo.core.types import TurnBatch
 
-Aggregation = Literal["seq-mean-token-mean", "token-mean"]
+Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KLEstimator = Literal["k1", "k2", "k3", "low_var_kl"]
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
 RatioLevel = Literal["token", "sequence"]
 Objective = Literal["clipped", "pair_regression"]
 
@@ -33,9 +41,16 @@ class LossConfig:
     clip_eps:       ε of Eq. 6 (lower side; also the upper side unless clip_eps_high is set).
     clip_eps_high:  optional asymmetric upper ε ("clip-higher").
     ratio:          "token" (Eq. 6) or "sequence" (GSPO's length-normalised sequence ratio).
-    aggregation:    "seq-mean-token-mean" (Eq. 6: mean over sequences of 1/T Σ_t) or "token-mean".
+    aggregation:    how the per-token surrogates x_t become J (`aggregate`): "seq-mean-token-mean" (Eq. 6:
+                    mean over sequences of 1/T Σ_t), "token-mean" (Eq. 9: 1/N Σ over all tokens),
+                    "seq-mean-token-sum" (mean over sequences of Σ_t) or "seq-mean-token-sum-norm"
+                    (Dr.GRPO: mean over sequences of Σ_t / L, L = norm_length, a constant).
+    norm_length:    L of seq-mean-token-sum-norm (Dr.GRPO: the generation budget, max response tokens).
     log_ratio_clip: |log ρ| is clamped to this before exp (E.3's log-prob clip [−10, 10]); None = off.
-    kl_coef:        β of an optional k3 KL penalty to a reference policy (E.3: 0.02).
+    kl_coef:        β of an optional KL penalty to a reference policy (E.3: 0.02), a token mean.
+    kl_estimator:   its per-token estimate of KL(π_θ || π_ref) (`kl_term`): k1, k2, k3 (E.3) or low_var_kl.
+    entropy_coef:   c of an entropy bonus −c·H, H the token mean of the policy's entropy at the response
+                    tokens (the learner passes the per-token entropies); 0 = off.
     objective:      "clipped" (the surrogate above) or "pair_regression" (REFUEL's squared relative-future
                     regression, `pair_regression_loss`; clip_eps, ratio and aggregation do not apply).
     eta:            REFUEL's η: the log-ratio difference of a pair regresses onto η·(R − R′).
@@ -49,6 +64,9 @@ class LossConfig:
     kl_coef: float = 0.0
     objective: Objective = "clipped"
     eta: float = 1.0
+    kl_estimator: KLEstimator = "k3"
+    entropy_coef: float = 0.0
+    norm_length: float | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in ("clipped", "pair_regression"):
@@ -61,8 +79,18 @@ class LossConfig:
             raise ValueError("clip_eps_high must be positive")
         if self.ratio not in ("token", "sequence"):
             raise ValueError(f"ratio must be 'token' or 'sequence', got {self.ratio!r}")
-        if self.aggregation not in ("seq-mean-token-mean", "token-mean"):
-            raise ValueError(f"unknown aggregation {self.aggregation!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.aggregation!r} (valid: {', '.join(AGGREGATIONS)})")
+        if self.aggregation == "seq-mean-token-sum-norm" and (self.norm_length is None or not self.norm_length > 0):
+            raise ValueError(
+                "norm_length must be a positive constant L for seq-mean-token-sum-norm (max response tokens)"
+            )
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown kl_estimator {self.kl_estimator!r} (valid: {', '.join(KL_ESTIMATORS)})")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
 
 
 @dataclass(frozen=True)
@@ -119,6 +147,78 @@ def _segment_mean(
     return total / count, count
 
 
+def aggregate(x: torch.Tensor, flat: FlatBatch, cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor | float]:
+    """J from the per-token terms x_t (LossConfig.aggregation) and ∂J/∂x_t, with S sequences of T_s tokens
+    and N tokens in all:
+
+        token-mean              J = 1/N Σ_t x_t                        (GRPO, Eq. 9)
+        seq-mean-token-mean     J = 1/S Σ_s 1/T_s Σ_{t∈s} x_t           (Eq. 6)
+        seq-mean-token-sum      J = 1/S Σ_s Σ_{t∈s} x_t
+        seq-mean-token-sum-norm J = 1/S Σ_s Σ_{t∈s} x_t / L             (Dr.GRPO, L = norm_length)
+
+    The derivative is the same for every t of a sequence; it is a tensor only where it varies (Eq. 6's
+    1/(S·T_s)), else a number."""
+    if cfg.aggregation == "token-mean":
+        return x.mean(), 1.0 / x.numel()
+    if cfg.aggregation == "seq-mean-token-mean":
+        per_seq, count = _segment_mean(x, flat.token_seq, flat.num_seqs, flat.one_token_seqs)
+        count = count if flat.one_token_seqs else count[flat.token_seq]
+        return per_seq.mean(), count  # the caller divides by count·S (the order autograd uses)
+    scale = float(flat.num_seqs) * (1.0 if cfg.aggregation == "seq-mean-token-sum" else float(cfg.norm_length))
+    return x.sum() / scale, 1.0 / scale
+
+
+def kl_term(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(π_θ || π_ref) at tokens sampled from the rollout policy (Schulman 2020,
+    "Approximating KL divergence"), with d = log π_ref − log π_θ:
+
+        k1 = −d,   k2 = d²/2,   k3 = e^d − d − 1 (E.3; non-negative),   low_var_kl = min(k3, 10)
+
+    (low_var_kl: k3 clamped to [−10, 10] as verl's low-variance estimator; k3 ≥ 0, so only the top bites)."""
+    d = ref_logp.to(logp.dtype) - logp
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    k3 = torch.exp(d) - d - 1.0
+    return k3.clamp(-10.0, 10.0) if estimator == "low_var_kl" else k3
+
+
+def _kl_term_grad(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """∂ kl_term / ∂ log π_θ per token: k1: 1; k2: −d; k3: 1 − e^d; low_var_kl: k3's where k3 ≤ 10, else 0."""
+    d = ref_logp.to(logp.dtype) - logp
+    if estimator == "k1":
+        return torch.ones_like(logp)
+    if estimator == "k2":
+        return -d
+    g = 1.0 - torch.exp(d)
+    if estimator == "low_var_kl":
+        g = g * ((torch.exp(d) - d - 1.0) <= 10.0)
+    return g
+
+
+def regularizer(
+    logp: torch.Tensor,
+    cfg: LossConfig,
+    ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """β·mean_t kl_t − c·mean_t H_t (token means; LossConfig.kl_coef/kl_estimator/entropy_coef), or None
+    when neither is on.  entropy: (N,) the policy's entropy at each response token, differentiable."""
+    out, metrics = None, {}
+    if ref_logp is not None and cfg.kl_coef > 0:
+        kl_value = kl_term(logp, ref_logp, cfg.kl_estimator).mean()
+        out = cfg.kl_coef * kl_value
+        metrics["loss/kl_ref"] = float(kl_value.detach())
+    if cfg.entropy_coef > 0:
+        if entropy is None:
+            raise ValueError("entropy_coef > 0 needs the per-token entropies of the policy (the learner passes them)")
+        ent = entropy.to(logp.dtype).mean()
+        out = -cfg.entropy_coef * ent if out is None else out - cfg.entropy_coef * ent
+        metrics["loss/entropy"] = float(ent.detach())
+    return out, metrics
+
+
 @dataclass(frozen=True)
 class _Clipped:
     """The forward terms of Eq. 6 that the loss, its metrics and its closed-form gradient share."""
@@ -134,7 +234,7 @@ class _Clipped:
     hi: float
     surrogate: torch.Tensor  # min(ρ A, clip(ρ) A) · weight, per token
     objective: torch.Tensor  # J of Eq. 6 (or its GRPO/GSPO aggregation)
-    seq_count: torch.Tensor  # tokens of each token's sequence (ones when one_token_seqs)
+    coef: torch.Tensor | float  # ∂J/∂surrogate_t (seq-mean-token-mean: each token's sequence length T_s)
 
 
 def _clipped_terms(logp: torch.Tensor, flat: FlatBatch, cfg: LossConfig) -> _Clipped:
@@ -155,18 +255,11 @@ def _clipped_terms(logp: torch.Tensor, flat: FlatBatch, cfg: LossConfig) -> _Cli
     surrogate = torch.minimum(ratio_adv, clipped_adv)
     if not flat.unit_weight:
         surrogate = surrogate * weight
-
-    if cfg.aggregation == "token-mean":
-        objective = surrogate.mean()
-        count = torch.ones_like(surrogate)
-    else:
-        per_seq, count = _segment_mean(surrogate, flat.token_seq, flat.num_seqs, flat.one_token_seqs)
-        objective = per_seq.mean()
-        count = count if flat.one_token_seqs else count[flat.token_seq]
-    return _Clipped(old, adv, weight, raw, ratio, clipped, ratio_adv, clipped_adv, hi, surrogate, objective, count)
+    objective, coef = aggregate(surrogate, flat, cfg)
+    return _Clipped(old, adv, weight, raw, ratio, clipped, ratio_adv, clipped_adv, hi, surrogate, objective, coef)
 
 
-def _clipped_metrics(t: _Clipped, logp: torch.Tensor, cfg: LossConfig, kl_value) -> dict[str, float]:
+def _clipped_metrics(t: _Clipped, logp: torch.Tensor, cfg: LossConfig, reg_metrics: dict) -> dict[str, float]:
     with torch.no_grad():
         r = t.ratio.detach()
         is_clipped = ((r < 1.0 - cfg.clip_eps) & (t.adv < 0)) | ((r > 1.0 + t.hi) & (t.adv > 0))
@@ -177,8 +270,7 @@ def _clipped_metrics(t: _Clipped, logp: torch.Tensor, cfg: LossConfig, kl_value)
             "loss/approx_kl": float((torch.exp(lr_) - 1.0 - lr_).mean()),  # k3 of KL(old||new)
             "loss/ratio_mean": float(r.mean()),
         }
-        if kl_value is not None:
-            metrics["loss/kl_ref"] = float(kl_value.detach())
+        metrics.update(reg_metrics)
     return metrics
 
 
@@ -187,8 +279,10 @@ def clipped_policy_loss(
     flat: FlatBatch,
     cfg: LossConfig,
     ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """−J(θ) of Eq. 6 (or its GRPO/GSPO variants per `cfg`) and grouped metrics.
+    """−J(θ) of Eq. 6 (or its GRPO/GSPO variants per `cfg`) plus the token-mean regularisers
+    (`regularizer`: β·KL to the reference, −c·entropy) and grouped metrics.
 
     logp: (N,) log π_θ of the batch's response tokens, differentiable; everything else is constant.
     Only these N tokens enter the loss, so prefix (context) and continuation tokens of other turns
@@ -196,19 +290,17 @@ def clipped_policy_loss(
     """
     t = _clipped_terms(logp, flat, cfg)
     loss = -t.objective
-    kl_value = None
-    if ref_logp is not None and cfg.kl_coef > 0:
-        d = ref_logp.to(logp.dtype) - logp
-        kl_tok = torch.exp(d) - d - 1.0  # k3 estimator of KL(π_θ || π_ref), non-negative
-        kl_value = kl_tok.mean()
-        loss = loss + cfg.kl_coef * kl_value
-    return loss, _clipped_metrics(t, logp, cfg, kl_value)
+    reg, reg_metrics = regularizer(logp, cfg, ref_logp, entropy)
+    if reg is not None:
+        loss = loss + reg
+    return loss, _clipped_metrics(t, logp, cfg, reg_metrics)
 
 
 def closed_form_gradient(cfg: LossConfig) -> bool:
-    """Whether `clipped_policy_loss_grad` covers this configuration (the token-level ratio of Eq. 6;
-    GSPO's sequence ratio and REFUEL's regression go through autograd)."""
-    return cfg.objective == "clipped" and cfg.ratio == "token"
+    """Whether `clipped_policy_loss_grad` covers this configuration (the token-level ratio of Eq. 6,
+    without an entropy bonus, whose gradient needs the whole distribution; GSPO's sequence ratio and
+    REFUEL's regression go through autograd)."""
+    return cfg.objective == "clipped" and cfg.ratio == "token" and cfg.entropy_coef == 0
 
 
 def clipped_policy_loss_grad(
@@ -226,19 +318,26 @@ def clipped_policy_loss_grad(
 
         ∂(−J)/∂log π_i = −c_i w_i A_i ρ_i [∂min/∂(ρA) + ∂min/∂(clip(ρ)A) · 1{1−ε ≤ ρ_i ≤ 1+ε_high}] · 1{|log ρ_i| ≤ L}
 
-    with c_i = 1/N (token mean) or 1/(S·T_seq(i)) (mean over sequences of token means), and for the k3
-    KL penalty β/N · (1 − π_ref/π_θ).
+    with c_i = ∂J/∂x_i of the aggregation (`aggregate`: 1/N, 1/(S·T_seq(i)), 1/S or 1/(S·L)), and for the
+    KL penalty β/N · ∂kl_i/∂log π_i (`_kl_term_grad`; k3: 1 − π_ref/π_θ).
     """
     if not closed_form_gradient(cfg):
-        raise ValueError("clipped_policy_loss_grad covers the clipped loss with the token-level ratio only")
+        raise ValueError(
+            "clipped_policy_loss_grad covers the clipped loss with the token-level ratio and no entropy bonus only"
+        )
     with torch.no_grad():
         t = _clipped_terms(logp, flat, cfg)
         s1, s2 = t.ratio_adv, t.clipped_adv
-        count = flat.num_seqs if cfg.aggregation != "token-mean" else logp.numel()
-        if flat.unit_weight and (flat.one_token_seqs or cfg.aggregation == "token-mean"):
-            d_min = -1.0 / count  # weight 1 and seq_count 1 everywhere: the same value as a number
+        if cfg.aggregation == "seq-mean-token-mean":
+            count = flat.num_seqs
+            if flat.unit_weight and flat.one_token_seqs:
+                d_min = -1.0 / count  # weight 1 and seq_count 1 everywhere: the same value as a number
+            else:
+                d_min = -t.weight / (t.coef * count)
+        elif flat.unit_weight:
+            d_min = -t.coef
         else:
-            d_min = -t.weight / (t.seq_count * count)
+            d_min = -t.coef * t.weight
         g1 = torch.where(s1 < s2, 1.0, torch.where(s1 == s2, 0.5, 0.0))
         inside = (t.ratio >= 1.0 - cfg.clip_eps) & (t.ratio <= 1.0 + t.hi)
         g_ratio = d_min * (g1 * t.adv + (1.0 - g1) * t.adv * inside)
@@ -246,14 +345,34 @@ def clipped_policy_loss_grad(
         if cfg.log_ratio_clip is not None:
             grad = grad * (t.raw_log_ratio.abs() <= cfg.log_ratio_clip)
         loss = -float(t.objective)
-        kl_value = None
-        if ref_logp is not None and cfg.kl_coef > 0:
-            d = ref_logp.to(logp.dtype) - logp
-            kl_value = (torch.exp(d) - d - 1.0).mean()
-            loss = float(-t.objective + cfg.kl_coef * kl_value)
+        reg, reg_metrics = regularizer(logp, cfg, ref_logp)
+        if reg is not None:
+            loss = float(-t.objective + reg)
             g_kl = cfg.kl_coef / logp.numel()
-            grad = grad - (g_kl * torch.exp(d) - g_kl)  # autograd's order of operations
-    return loss, grad, _clipped_metrics(t, logp, cfg, kl_value)
+            if cfg.kl_estimator == "k3":
+                grad = grad - (g_kl * torch.exp(ref_logp.to(logp.dtype) - logp) - g_kl)  # autograd's order
+            else:
+                grad = grad + g_kl * _kl_term_grad(logp, ref_logp, cfg.kl_estimator)
+    return loss, grad, _clipped_metrics(t, logp, cfg, reg_metrics)
+
+
+@dataclass
+class AdaptiveKL:
+    """The adaptive KL coefficient of Ziegler et al. (2019, "Fine-Tuning Language Models from Human
+    Preferences", §2.2): after an update whose measured KL to the reference is KL, over n samples,
+
+        β ← β · (1 + clip(KL / target − 1, −0.2, 0.2) · n / horizon),
+
+    so β grows while the policy drifts past the target and shrinks while it stays below.  Mutable: the
+    method holds one across iterations and checkpoints `value`."""
+
+    value: float
+    target: float
+    horizon: int = 10000
+
+    def update(self, kl: float, n: int) -> None:
+        err = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + err * n / self.horizon
 
 
 def pair_regression_loss(
@@ -261,6 +380,7 @@ def pair_regression_loss(
     flat: FlatBatch,
     cfg: LossConfig,
     ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """REFUEL's loss (Gao et al. 2024; the paper's G.1/G.8; SPEC §3): for each pair (y, y′) of turn-h
     responses drawn from one shared prefix and continued to the end,
@@ -282,12 +402,9 @@ def pair_regression_loss(
     target, _ = _segment_mean(flat.advantages.to(logp.dtype), flat.token_seq, n)
     residual = diff - cfg.eta * target
     loss = (residual**2).mean()
-    metrics: dict[str, float] = {}
-    if ref_logp is not None and cfg.kl_coef > 0:
-        d = ref_logp.to(logp.dtype) - logp
-        kl_value = (torch.exp(d) - d - 1.0).mean()
-        loss = loss + cfg.kl_coef * kl_value
-        metrics["loss/kl_ref"] = float(kl_value.detach())
+    reg, metrics = regularizer(logp, cfg, ref_logp, entropy)
+    if reg is not None:
+        loss = loss + reg
     with torch.no_grad():
         lr_ = logp.detach() - old
         metrics["loss/policy"] = float((residual.detach() ** 2).mean())
@@ -301,9 +418,10 @@ def policy_loss(
     flat: FlatBatch,
     cfg: LossConfig,
     ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss `cfg.objective` names: the clipped surrogate (Eq. 6 and variants) or REFUEL's pair
-    regression.  Learners call this one entry point."""
+    regression, plus the regularisers.  Learners call this one entry point."""
     if cfg.objective == "pair_regression":
-        return pair_regression_loss(logp, flat, cfg, ref_logp)
-    return clipped_policy_loss(logp, flat, cfg, ref_logp)
+        return pair_regression_loss(logp, flat, cfg, ref_logp, entropy)
+    return clipped_policy_loss(logp, flat, cfg, ref_logp, entropy)

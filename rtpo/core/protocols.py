@@ -115,7 +115,7 @@ class ReportsMetrics(Protocol):
 @runtime_checkable
 class CountsGeneration(Protocol):
     """A sampler that counts what it generated: summed counts that add up across samplers (a Ray pool's
-    workers), turned into the record's gen/* keys by rtpo.metrics.generation_metrics."""
+    workers), turned into the record's gen/* keys by rtpo.core.metrics.generation_metrics."""
 
     def pop_generation_counts(self) -> dict[str, float]:
         """{"time/generate_s", "gen/tokens", "gen/responses"} since the last call, then reset."""
@@ -126,3 +126,15 @@ class Closeable(Protocol):
     """A built context that holds processes or actors to stop when the run ends."""
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class DemonstrationEnvironment(Protocol):
+    """An Environment that also holds demonstrations (gold trajectories) and renders them as training rows
+    with its own context map, so supervised fine-tuning (rtpo.core.methods.sft) trains on exactly the
+    contexts a later RL run of the same environment sees."""
+
+    num_demonstrations: int
+
+    def demonstrations(self, ids: np.ndarray) -> Any:
+        """rtpo.core.methods.sft.Demonstrations of demonstrations `ids` (indices into the set)."""

@@ -110,7 +110,7 @@ def rollback_failed_import(before: dict[Registry, dict], modules: Callable[[], s
             if name in items and items[name] is obj:
                 continue
             # a class or function knows its module; an instance's __module__ is its class's (a BackendSpec
-            # made by the plugin says rtpo.backends), so it counts as the failed import's
+            # made by the plugin says rtpo.scenario.backends), so it counts as the failed import's
             owner = getattr(obj, "__module__", None) if isinstance(obj, type) or inspect.isroutine(obj) else None
             if owner is not None and owner in present:
                 continue

@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from rtpo.core.metrics import GENERATION_COUNTS, generation_metrics
 from rtpo.core.protocols import CountsGeneration, ReportsMetrics
 from rtpo.core.rollout import RolloutResult
 from rtpo.core.types import Generation, Ragged
 from rtpo.distributed.actors import Faulty, PullPool
 from rtpo.distributed.shards import Chunk, build_parts, run_chunk
-from rtpo.metrics import GENERATION_COUNTS, generation_metrics
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class RolloutWorker(Faulty):
         self, version: int, ref_box: list, chunk: Chunk
     ) -> tuple[RolloutResult, dict[str, float], dict[str, float]]:
         """The chunk's result, the environment's counters it added (tool calls, answers, time/ sums) and
-        the sampler's generation counts (rtpo.metrics.GENERATION_COUNTS).
+        the sampler's generation counts (rtpo.core.metrics.GENERATION_COUNTS).
 
         The counters travel with the result they belong to, so a chunk lost with a dead actor and run
         again is counted once, and only by the run whose result the driver keeps."""
@@ -183,7 +183,7 @@ class RayRolloutPool(PullPool):
     def pop_metrics(self) -> dict[str, float]:
         """The pool's ray/* metrics and the workers' generation as an in-process sampler reports it:
         time/generate_s, gen/tokens, gen/responses, gen/response_len_mean, gen/tokens_per_s (summed
-        counts, then rtpo.metrics.generation_metrics)."""
+        counts, then rtpo.core.metrics.generation_metrics)."""
         out = super().pop_metrics()
         gen, self._gen = self._gen, {}
         out.update(generation_metrics(gen))

@@ -35,7 +35,7 @@ class ScenarioFactory:
     cfg: Any
 
     def __call__(self, role: str = "driver") -> RunContext:
-        from rtpo.backends import get_backend
+        from rtpo.scenario.backends import get_backend
 
         spec = get_backend(self.cfg.backend.kind)
         build_role = getattr(spec, "build_role", None)
@@ -53,7 +53,7 @@ def distribute(
     *,
     num_cpus: int | None = None,
 ) -> Any:
-    """Return `built` (a rtpo.backends.BuiltBackend) with its ctx replaced by a sharded or Ray one.
+    """Return `built` (a rtpo.scenario.backends.BuiltBackend) with its ctx replaced by a sharded or Ray one.
 
     evaluate() still runs on the driver's learner: with a trainer group it first receives the group's
     state.  sampler_state()/load_sampler_state() read and set the weights the rollout workers hold.

@@ -2,7 +2,7 @@
 an engine (vLLM or HF) and the FSDP2 learner into the core's RunContext, per role of a distributed run,
 plus the backend's evaluation and export hooks.
 
-Importing this module registers the backend (rtpo.backends).  A tabular scenario's `method`, `budget`,
+Importing this module registers the backend (rtpo.scenario.backends).  A tabular scenario's `method`, `budget`,
 `train`, `eval` and `logging` sections work unchanged; `backend` and `task` are the LLM ones of
 rtpo.llm.schema.  `train.lr` is AdamW's learning rate (E.3: 1e-6); `train.optimizer` must be `adam`
 (AdamW).  The pieces: rtpo.llm.schema (sections), rtpo.llm.model_cache (the model folder, tiny-random
@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
 from rtpo.core.methods import RunContext
-from rtpo.evaluation import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
+from rtpo.core.sampled_eval import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
 from rtpo.llm.model_cache import check_model_dir, tiny_random_model
 from rtpo.llm.sampler import TrackedSampler, eval_engine
 from rtpo.llm.schema import (
@@ -34,7 +33,9 @@ from rtpo.llm.schema import (
     parse_task,
     task_schemas,
 )
-from rtpo.schema import ConfigError, ScenarioConfig
+from rtpo.llm.worlds import WorldTaskConfig
+from rtpo.scenario.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
+from rtpo.scenario.schema import ConfigError, ScenarioConfig
 
 __all__ = [  # the moved pieces stay importable from rtpo.llm.build
     "FieldsSection",
@@ -63,7 +64,7 @@ def sampled_eval_of(
     sampler: TrackedSampler,
     eval_sampling: Any,
 ) -> SampledEval:
-    """The llm backend's part of rtpo.evaluation: held-out (eval) and training problems, the engine with the
+    """The llm backend's part of rtpo.core.sampled_eval: held-out (eval) and training problems, the engine with the
     learner's weights at eval temperature/top-p, and the settings a report records."""
     return SampledEval(
         splits={"eval": EvalSplit(eval_env, len(eval_env.task)), "train": EvalSplit(env, len(env.task))},
@@ -82,7 +83,7 @@ def sampled_eval_of(
 
 
 def _evaluate(sampled: SampledEval, env: Any, sampler: TrackedSampler, seed: int) -> dict[str, float]:
-    """The in-run evaluation: Pass@1 and friends (rtpo.evaluation.in_run_metrics) of the learner's current
+    """The in-run evaluation: Pass@1 and friends (rtpo.core.sampled_eval.in_run_metrics) of the learner's current
     weights on the first task.eval_queries problems of the eval split, one sample each, drawn with a
     fixed seed (the same draws every time); plus the training env's counters since the last call and
     the weight-sync time."""
@@ -104,8 +105,61 @@ def _model_dir(cfg: ScenarioConfig) -> Path:
     if cfg.train.optimizer != "adam":
         raise ConfigError(f"train.optimizer: the LLM learner uses AdamW ('adam'), got {cfg.train.optimizer!r}")
     if b.model == "tiny-random":
-        return tiny_random_model(b.model_cache, cfg.seed, b.tiny_tokenizer, b.tiny_init_std)
-    return check_model_dir(b.model)
+        base = tiny_random_model(b.model_cache, cfg.seed, b.tiny_tokenizer, b.tiny_init_std)
+    else:
+        base = check_model_dir(b.model)
+    if b.init is not None:
+        from rtpo.llm.init import resolve_init
+
+        base = resolve_init(b.init, base, Path(b.model_cache))
+    if isinstance(cfg.task, WorldTaskConfig) and cfg.task.format_warmup_steps:
+        return _format_warm_model(cfg, base)
+    return base
+
+
+def _format_warm_model(cfg: ScenarioConfig, base: Path) -> Path:
+    """The model folder after task.format_warmup_steps of rtpo.llm.worlds.format_warm_start from `base`,
+    built once into backend.model_cache (keyed by the base folder, the world, its chat keys, the warm-start
+    keys and the seed) and reused; written to a temporary folder and renamed, as tiny_random_model does."""
+    import hashlib
+    import json
+    import shutil
+
+    from rtpo.llm.chat import load_qwen3_tokenizer
+    from rtpo.llm.model import load_hf_model
+    from rtpo.llm.worlds import WorldEnv, build_world, format_warm_start
+
+    task: WorldTaskConfig = cfg.task
+    keys = ("context_map", "system", "enable_thinking", "format_warmup_steps", "format_warmup_lr")
+    ident = {
+        "base": str(base.resolve()),
+        "world": task.tabular.to_dict(),
+        "chat": {k: getattr(task, k) for k in keys},
+        "seed": cfg.seed,
+    }
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    out = Path(cfg.backend.model_cache) / f"{base.name}-format{task.format_warmup_steps}-{digest}"
+    if (out / "config.json").is_file():
+        return out
+    model = load_hf_model(base)
+    env = WorldEnv(
+        build_world(task),
+        load_qwen3_tokenizer(str(base)),
+        context_map=task.context_map,
+        system=task.system,
+        enable_thinking=task.enable_thinking,
+    )
+    format_warm_start(model, env, task.format_warmup_steps, lr=task.format_warmup_lr, seed=cfg.seed)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.copytree(base, tmp)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if not (out / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 @dataclass(frozen=True)
@@ -114,20 +168,20 @@ class _RolloutSide:
 
     make_env: Any
     env: Any
-    num_queries: int
+    num_queries: int | None
     stop: tuple
     engine: Any
 
 
-def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSide:
+def _env_maker(cfg: ScenarioConfig, model_dir: Path) -> tuple[Any, list, list]:
+    """make_env(task, which) of the scenario, and the two lists it shares with the engine built later:
+    the engine (once built) and the environments waiting for it (an engine-written summary)."""
     from rtpo.llm.chat import load_qwen3_tokenizer
-    from rtpo.llm.engines import SamplingConfig
     from rtpo.llm.env import LLMEnv
 
     b: LLMBackendConfig = cfg.backend
     task: LLMTaskConfig = cfg.task
     tokenizer = load_qwen3_tokenizer(str(model_dir))
-    train_task = load_task(task, "train")
 
     limit = context_limit(task, b)
     from rtpo.llm.search import QA_KINDS, build_retriever, qa_env_kwargs
@@ -181,9 +235,21 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
         from rtpo.llm.airline.build import airline_env_factory
 
         make_env = airline_env_factory(task, tokenizer, limit, model_dir, b.max_model_len)
-    env = make_env(train_task, "train")
-    train_task = env.task  # without any dropped problems
-    stop = tuple(sorted(env.chat.stop_ids))
+    return make_env, engines, pending
+
+
+def build_env(cfg: ScenarioConfig, which: str = "train") -> Any:
+    """The scenario's training (or eval) environment alone: no engine, no learner (rtpo.llm.gold writes
+    demonstrations with it; an engine-written summary is not available here)."""
+    make_env, _, _ = _env_maker(cfg, _model_dir(cfg))
+    return make_env(load_task(cfg.task, which), which)
+
+
+def _make_engine(cfg: ScenarioConfig, model_dir: Path, role: str, stop: tuple) -> Any:
+    """The sampling engine (vLLM or HF) at the training settings, stopping at `stop`."""
+    from rtpo.llm.engines import SamplingConfig
+
+    b: LLMBackendConfig = cfg.backend
     sampling = SamplingConfig(temperature=b.temperature, top_p=b.top_p, max_tokens=b.max_tokens, stop_token_ids=stop)
     if b.engine == "vllm":
         from rtpo.llm.engines.vllm import VLLMEngine
@@ -223,10 +289,129 @@ def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSi
             dtype=getattr(torch, b.engine_dtype),
             device=_device(b),
         )
+    return engine
+
+
+def _world_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSide:
+    """An exact world's rollout side (rtpo.llm.worlds): the chat environment over the task's MDP and the
+    engine; backend.max_tokens must fit every action's canonical response."""
+    from rtpo.llm.chat import load_qwen3_tokenizer
+    from rtpo.llm.worlds import WorldEnv, build_world
+
+    b: LLMBackendConfig = cfg.backend
+    task: WorldTaskConfig = cfg.task
+    tokenizer = load_qwen3_tokenizer(str(model_dir))
+    world = build_world(task)
+
+    def make_env(_t=None, _which=None):
+        return WorldEnv(
+            world,
+            tokenizer,
+            context_map=task.context_map,
+            system=task.system,
+            enable_thinking=task.enable_thinking,
+            malformed_reward=task.malformed_reward,
+        )
+
+    env = make_env()
+    from rtpo.llm.exact import count_nodes
+
+    nodes = int(count_nodes(world).sum())
+    if task.exact_fallback == "error" and nodes > task.exact_max_contexts:
+        raise ConfigError(
+            f"task.exact_max_contexts: exact evaluation of task {task.kind!r} would enumerate {nodes:,} decision "
+            f"contexts, more than exact_max_contexts={task.exact_max_contexts:,}; raise it, or set "
+            "task.exact_fallback: sampled (logged as eval/value_sampled)"
+        )
+    longest = max(x.size for x in env.words.canonical)
+    if b.max_tokens < longest:
+        raise ConfigError(
+            f"backend.max_tokens: {b.max_tokens} tokens cannot hold an action's canonical response "
+            f"({longest} tokens in this tokenizer); set it to at least {longest}"
+        )
+    stop = tuple(sorted(env.chat.stop_ids))
+    engine = _make_engine(cfg, model_dir, role, stop)
+    return _RolloutSide(make_env=make_env, env=env, num_queries=None, stop=stop, engine=engine)
+
+
+def _world_evaluate(cfg, side, learner, sampler, eval_sampling, model_dir: Path):
+    """(evaluate, sampled eval, value key) of an exact world: the exact value of the learner's policy at the
+    evaluation settings (rtpo.llm.exact), or, when the world is too large and task.exact_fallback is
+    sampled, a Monte-Carlo estimate of task.eval_queries episodes under eval/value_sampled."""
+    from rtpo.llm.exact import ExactEvaluator, ExactLimitError
+    from rtpo.llm.model import load_hf_model
+
+    b: LLMBackendConfig = cfg.backend
+    task: WorldTaskConfig = cfg.task
+    eval_env = side.make_env()
+    sampled = SampledEval(
+        splits={"eval": EvalSplit(eval_env, None), "train": EvalSplit(side.make_env(), None)},
+        policy=functools.partial(eval_engine, side.engine, learner, sampler, eval_sampling),
+        settings={
+            "engine": b.engine,
+            "temperature": eval_sampling.temperature,
+            "top_p": eval_sampling.top_p,
+            "max_tokens_per_turn": b.max_tokens,
+            "num_turns": eval_env.num_turns,
+            "context_map": task.context_map,
+        },
+        default_problems=task.eval_queries,
+    )
+    env = side.env
+    try:
+        model = load_hf_model(model_dir)
+        exact = ExactEvaluator(
+            eval_env,
+            model,
+            b.eval_temperature,
+            b.eval_top_p,
+            batch_tokens=task.exact_batch_tokens,
+            limit=task.exact_max_contexts,
+            malformed_reward=task.malformed_reward,
+        )
+    except ExactLimitError as e:
+        if task.exact_fallback != "sampled":
+            raise ConfigError(str(e)) from None
+        exact = None
+
+    def evaluate() -> dict[str, float]:
+        out = {(k if k.startswith("time/") else f"env/{k}"): float(v) for k, v in env.pop_metrics().items()}
+        if exact is not None:
+            missing, unexpected = model.load_state_dict(learner.weights(), strict=False)
+            if unexpected or set(missing) - {"lm_head.weight"}:
+                raise RuntimeError(f"exact evaluation: the learner's weights do not fit the model ({missing[:3]})")
+            out.update(exact())
+        else:
+            ids = np.arange(task.eval_queries, dtype=np.int64)
+            got = in_run_metrics(sampled, ids, cfg.seed + IN_RUN_SEED_OFFSET)
+            out.update({("eval/value_sampled" if k == "eval/value" else k): v for k, v in got.items()})
+            out["eval/v_star"] = eval_env.world.v_star
+        out.update({"time/weight_sync_s": sampler.sync_seconds, "time/weight_syncs": float(sampler.syncs)})
+        return out
+
+    return evaluate, sampled, ("eval/value" if exact is not None else "eval/value_sampled")
+
+
+def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSide:
+    if isinstance(cfg.task, WorldTaskConfig):
+        return _world_side(cfg, model_dir, role)
+    make_env, engines, pending = _env_maker(cfg, model_dir)
+    env = make_env(load_task(cfg.task, "train"), "train")
+    train_task = env.task  # without any dropped problems
+    num_queries = len(train_task)
+    if cfg.method.name == "sft":  # supervised fine-tuning: the demonstrations, rendered by this very env
+        from rtpo.llm.sft import DemonstrationError, attach
+
+        try:
+            num_queries = len(attach(env, cfg.method.config.data))
+        except DemonstrationError as e:
+            raise ConfigError(f"method.data: {e}") from None
+    stop = tuple(sorted(env.chat.stop_ids))
+    engine = _make_engine(cfg, model_dir, role, stop)
     engines.append(engine)
     for e in pending:
         e.summarizer.engine = engine
-    return _RolloutSide(make_env=make_env, env=env, num_queries=len(train_task), stop=stop, engine=engine)
+    return _RolloutSide(make_env=make_env, env=env, num_queries=num_queries, stop=stop, engine=engine)
 
 
 def _device(b: LLMBackendConfig) -> str:
@@ -312,7 +497,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     model_dir = _model_dir(cfg)
     side = _rollout_side(cfg, model_dir, "driver")
     env, engine = side.env, side.engine
-    eval_env = side.make_env(load_task(task, "eval"), "eval")
+    eval_env = None if isinstance(task, WorldTaskConfig) else side.make_env(load_task(task, "eval"), "eval")
     eval_sampling = SamplingConfig(
         temperature=b.eval_temperature, top_p=b.eval_top_p, max_tokens=b.max_tokens, stop_token_ids=side.stop
     )
@@ -320,6 +505,19 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
     sampler = TrackedSampler(engine)
     rng = np.random.default_rng(cfg.seed)
     ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng)
+    if isinstance(task, WorldTaskConfig):
+        evaluate, sampled, value_key = _world_evaluate(cfg, side, learner, sampler, eval_sampling, model_dir)
+        return BuiltBackend(
+            ctx=ctx,
+            evaluate=evaluate,
+            sampler_state=sampler.state,
+            load_sampler_state=sampler.load_state,
+            sampler_state_at_boundary=lambda: TrackedSampler.RESYNC,
+            num_queries=None,
+            value_key=value_key,
+            optimum_key="eval/v_star",
+            sampled_eval=sampled,
+        )
     sampled = sampled_eval_of(b, task, env, eval_env, engine, learner, sampler, eval_sampling)
     evaluate = functools.partial(_evaluate, sampled, env, sampler, cfg.seed)
     return BuiltBackend(
@@ -338,8 +536,8 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
 
 def export(cfg: ScenarioConfig, weights: dict, out: Any, manifest: dict | None = None) -> Path:
     """BackendSpec.export: `weights` as a Hugging Face folder `out` with the run's model config,
-    generation config and tokenizer (rtpo.llm.export.write_hf_folder)."""
-    from rtpo.llm.export import write_hf_folder
+    generation config and tokenizer (rtpo.llm.hf_folder.write_hf_folder)."""
+    from rtpo.llm.hf_folder import write_hf_folder
 
     return write_hf_folder(_model_dir(cfg), weights, out, manifest)
 
@@ -350,7 +548,7 @@ _BYTES_PER_SAMPLED_TURN = 2048
 
 
 def memory_estimate(cfg) -> list[tuple[str, int]]:
-    """A lower bound of one iteration's sampled turns, by the key driving it (rtpo.backends.rollout_memory)."""
+    """A lower bound of one iteration's sampled turns, by the key driving it (rtpo.scenario.backends.rollout_memory)."""
     return [rollout_memory(cfg, cfg.task.num_turns, _BYTES_PER_SAMPLED_TURN)]
 
 

@@ -15,8 +15,8 @@ A context is token ids.  Two kinds of text become ids:
 Text with no forged marker encodes to exactly the ids the tokenizer gives the rendered conversation
 (`tokenizer.encode(apply_chat_template(...))`): encoding stops and restarts only at trusted markers,
 where the tokenizer splits anyway.  `ContextEncoder.for_tokenizer` builds one encoder per tokenizer
-(the added-token-free twin costs ~0.6 s for the 151k-token Qwen3 vocabulary) and keeps it while the
-tokenizer lives.
+(the added-token-free twin is the tokenizer's JSON read once more) and keeps it while the tokenizer
+lives.
 
 Owns: ContextEncoder.  Imports: numpy, tokenizers (through the tokenizer it is given).
 """
@@ -68,6 +68,10 @@ class ContextEncoder:
             if enc is None:
                 enc = _ENCODERS[tokenizer] = cls(tokenizer)
             return enc
+
+    def __reduce__(self):
+        # pickled as its tokenizer (a chat or environment already carries it): the twin is rebuilt on load
+        return (ContextEncoder.for_tokenizer, (self.tokenizer,))
 
     def untrusted(self, text: str) -> np.ndarray:
         """Ids of untrusted text: never an added token, whatever the text spells."""

@@ -63,6 +63,9 @@ class LearnerConfig:
                         weights it already holds (RTPO's first phase syncs the θ its trunks ran under).
     attn_implementation: transformers' attention kernel: "sdpa" (torch's fused scaled-dot-product
                         attention: flash / memory-efficient kernels on GPUs) or "eager" (the reference).
+    compile_layers:     torch.compile each decoder layer in place (before FSDP wraps it; the parameter
+                        names and state dicts are unchanged): fuses the eager model's norms, rotary and
+                        activations.  Off by default: each new batch shape compiles again (GPUs).
     fsdp_one_rank:      wrap the model in FSDP2 even with world size 1.  Off by default: on one rank there
                         is nothing to shard, and FSDP's all-gather and reduce-scatter only copy every weight
                         and gradient on each pass (bench/llm_memory.json, learner.fsdp_one_rank_step_s).
@@ -85,6 +88,7 @@ class LearnerConfig:
     cache_weights: bool = True
     attn_implementation: str = "sdpa"
     fsdp_one_rank: bool = False
+    compile_layers: bool = False
 
     def __post_init__(self) -> None:
         if self.attn_implementation not in ("sdpa", "eager"):
@@ -278,6 +282,7 @@ class FSDPLearner:
         self._weights_cache: WeightsSnapshot | None = None
         self._fwd_cache: tuple[int, TurnBatch, torch.Tensor, torch.Tensor] | None = None
         self._entropy: torch.Tensor | None = None  # the last _token_logp's per-token entropies (no grad)
+        self._entropy_grad = False  # _token_logp's entropies carry a graph (LossConfig.entropy_coef > 0)
         self._times = {"time/logprobs_s": 0.0, "time/train_s": 0.0}
 
     # -- setup -----------------------------------------------------------------------------------
@@ -303,6 +308,9 @@ class FSDPLearner:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         model = model.to(self.device)
+        if self.cfg.compile_layers:
+            for layer in model.model.layers:
+                layer.compile()
         if self.world_size == 1 and self.cfg.mixed_precision is None and not self.cfg.fsdp_one_rank:
             return model
         from torch.distributed.device_mesh import init_device_mesh
@@ -356,7 +364,7 @@ class FSDPLearner:
         """
         if rows.size == 0:  # dummy pass: same collectives as a real one, zero contribution
             ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
-            return model(input_ids=ids).logits.sum()[None] * 0.0
+            return model(input_ids=ids, use_cache=False).logits.sum()[None] * 0.0
         ctx = batch.contexts.take(rows)
         rsp = batch.tokens.take(rows)
         seq = Ragged.concat([ctx, rsp])  # rows 0..B-1 contexts, B..2B-1 responses
@@ -374,7 +382,11 @@ class FSDPLearner:
         position = (attention.cumsum(-1) - 1).clamp(min=0)
         r_max = int(rsp.lengths.max())
         logits = model(
-            input_ids=input_ids, attention_mask=attention, position_ids=position, logits_to_keep=r_max + 1
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=position,
+            logits_to_keep=r_max + 1,
+            use_cache=False,  # a training pass: no KV cache (its copies cost ~3% of an H200 step, bench/gpu_check.json)
         ).logits[:, :-1]  # (b, r_max, V): predicts the last r_max
         logits = logits.float() / self.cfg.temperature
         target = torch.as_tensor(ids[:, width - r_max :], device=self.device)
@@ -382,7 +394,10 @@ class FSDPLearner:
         lp = log_p.gather(-1, target[..., None]).squeeze(-1)  # (b, r_max)
         keep = torch.as_tensor(np.arange(r_max)[None, :] >= (r_max - rsp.lengths)[:, None], device=self.device)
         if model is self.model:  # the KL reference's entropy is not a metric: not computed
-            self._entropy = _entropy(log_p)[keep]
+            if self._entropy_grad and torch.is_grad_enabled():  # an entropy bonus in the loss: differentiable
+                self._entropy = -(log_p.exp() * log_p).sum(-1)[keep]
+            else:
+                self._entropy = _entropy(log_p)[keep]
         return lp[keep]  # row-major: each row's response tokens in order
 
     # -- Learner protocol ------------------------------------------------------------------------
@@ -440,22 +455,31 @@ class FSDPLearner:
         pair regression: a pair is one sequence, and sequences stay whole in a micro-batch), split
         exactly over ranks.
 
-        The batch loss is −(policy objective) + β·KL.  The policy part is a mean over sequences
-        (or tokens, for token-mean aggregation) and the KL part a mean over tokens, so micro-batch m
-        contributes w_m·L_m^{no KL} + (N_m/N)·(L_m − L_m^{no KL}), w_m = S_m/S (or N_m/N); the core
-        loss is evaluated once per micro-batch without and once with the KL term to separate them.
+        The batch loss is −(policy objective) + β·KL − c·H.  The policy part is a mean over sequences
+        (the seq-mean-* aggregations) or over tokens (token-mean), and the regularisers (KL, entropy) are
+        means over tokens, so micro-batch m contributes w_m·L_m^{no reg} + (N_m/N)·(L_m − L_m^{no reg}),
+        w_m = S_m/S (or N_m/N); the core loss is evaluated once per micro-batch without and once with the
+        regularisers to separate them.
         """
         batch, cfg = payload
         plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
         flat_all = self._flat(batch)
         num_seqs, num_tokens = flat_all.num_seqs, batch.num_tokens
         use_kl = cfg.kl_coef > 0
-        no_kl = dataclasses.replace(cfg, kl_coef=0.0)
+        use_ent = cfg.entropy_coef > 0
+        no_kl = dataclasses.replace(cfg, kl_coef=0.0, entropy_coef=0.0)
+        self._entropy_grad = use_ent
         sums: dict[str, float] = {}
         self.opt.zero_grad(set_to_none=True)
         micro = plan[self.rank]
         cached, self._fwd_cache = self._fwd_cache, None
-        reuse = cached is not None and len(micro) == 1 and cached[0] == self._version and _same_rows(cached[1], batch)
+        reuse = (
+            cached is not None
+            and not use_ent  # the ratio pass's entropies carry no graph
+            and len(micro) == 1
+            and cached[0] == self._version
+            and _same_rows(cached[1], batch)
+        )
         grad_sync = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP only
         for m, rows in enumerate(micro):
             if grad_sync is not None:
@@ -476,15 +500,16 @@ class FSDPLearner:
                     ref = self._token_logp(self.ref_model, batch, rows)
             pol_loss, metrics = policy_loss(logp, flat, no_kl)
             total = pol_share * pol_loss
-            if use_kl:
-                full_loss, kl_metrics = policy_loss(logp, flat, cfg, ref)
+            if use_kl or use_ent:  # the regularisers are token means: their share is the tokens'
+                full_loss, reg_metrics = policy_loss(logp, flat, cfg, ref, entropy if use_ent else None)
                 total = total + tok_share * (full_loss - pol_loss)
-                metrics["loss/kl_ref"] = kl_metrics["loss/kl_ref"]
+                metrics.update({k: reg_metrics[k] for k in ("loss/kl_ref", "loss/entropy") if k in reg_metrics})
             (total * self.world_size).backward()  # FSDP averages gradients over ranks
-            metrics["train/entropy"] = float(entropy.double().mean())  # token mean, like the KL
+            metrics["train/entropy"] = float(entropy.detach().double().mean())  # token mean, like the KL
             for key, v in metrics.items():
                 share = pol_share if key == "loss/policy" else tok_share
                 sums[key] = sums.get(key, 0.0) + share * float(v)
+        self._entropy_grad = False
         grad_norm = self._clip_and_norm()
         lr = float(self.opt.param_groups[0]["lr"])  # the step's learning rate
         self.opt.step()
@@ -656,11 +681,11 @@ class FSDPLearner:
 
     def save_pretrained(self, out_dir: str | os.PathLike) -> Path | None:
         """An HF-format model folder (config, safetensors, tokenizer, generation config) of the current
-        weights, loadable by vLLM and transformers (rtpo.llm.export.write_hf_folder); rank 0 returns it."""
+        weights, loadable by vLLM and transformers (rtpo.llm.hf_folder.write_hf_folder); rank 0 returns it."""
         weights = self.weights()
         if self.rank != 0:
             return None
-        from rtpo.llm.export import write_hf_folder
+        from rtpo.llm.hf_folder import write_hf_folder
 
         return write_hf_folder(self.model_path, weights, out_dir)
 

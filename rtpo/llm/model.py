@@ -85,16 +85,37 @@ def _corpus(num_lines: int = 4000) -> list[str]:
     return lines
 
 
-def train_tiny_tokenizer(vocab_size: int = 512):
+def _chat_corpus(num_lines: int = 3000) -> list[str]:
+    """Chat lines of the exact worlds (rtpo.llm.worlds): canonical tool calls, observations, the prompt."""
+    import random
+
+    from rtpo.llm.worlds import canonical_text, prompt_text
+
+    r = random.Random(0)
+    lines = []
+    for _ in range(num_lines):
+        a, s, k, K = r.randint(0, 9), r.randint(0, 40), r.randint(1, 8), r.randint(1, 8)
+        lines.append(canonical_text(a))
+        lines.append(f"<tool_response>\nState {s}. Turn {k} of {K}.\n</tool_response>")
+        lines.append(prompt_text(K, r.randint(2, 9), s))
+    return lines
+
+
+def train_tiny_tokenizer(vocab_size: int = 512, corpus: str = "arithmetic"):
     """A byte-level BPE PreTrainedTokenizerFast with Qwen3's special tokens and a ChatML template.
 
-    Deterministic (fixed corpus, single-threaded trainer semantics); no network.
+    corpus: "arithmetic" (the bpe512 tokenizer: words, sums, print calls, boxed answers; merges stop at
+    spaces and punctuation) or "chat" (bpe512-chat: that corpus plus the exact worlds' tool calls and
+    observations, with merges across spaces and punctuation, so a canonical tool call is ~11 tokens
+    instead of ~36).  Deterministic (fixed corpus, single-threaded trainer semantics); no network.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if corpus not in ("arithmetic", "chat"):
+        raise ValueError(f"train_tiny_tokenizer: corpus must be arithmetic or chat, got {corpus!r}")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=corpus == "arithmetic")
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -102,7 +123,7 @@ def train_tiny_tokenizer(vocab_size: int = 512):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(_corpus() + (_chat_corpus() if corpus == "chat" else []), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

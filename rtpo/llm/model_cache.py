@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from rtpo.schema import ConfigError
+from rtpo.scenario.schema import ConfigError
 
 
 def tiny_random_model(cache: str | os.PathLike, seed: int, tokenizer: str = "qwen3", init_std: float = 0.02) -> Path:
@@ -17,8 +17,8 @@ def tiny_random_model(cache: str | os.PathLike, seed: int, tokenizer: str = "qwe
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.model import TinyQwen3Spec, build_tiny_qwen3, train_tiny_tokenizer
 
-    if tokenizer not in ("qwen3", "bpe512"):
-        raise ValueError(f"tiny_random_model: tokenizer must be qwen3 or bpe512, got {tokenizer!r}")
+    if tokenizer not in ("qwen3", "bpe512", "bpe512-chat"):
+        raise ValueError(f"tiny_random_model: tokenizer must be qwen3, bpe512 or bpe512-chat, got {tokenizer!r}")
     name = f"tiny-qwen3-seed{seed}"
     if tokenizer != "qwen3":
         name = f"tiny-{tokenizer}-seed{seed}"
@@ -33,7 +33,10 @@ def tiny_random_model(cache: str | os.PathLike, seed: int, tokenizer: str = "qwe
             tmp, tokenizer=load_qwen3_tokenizer(), spec=TinyQwen3Spec(vocab_size=151936), seed=seed, init_std=init_std
         )
     else:
-        build_tiny_qwen3(tmp, tokenizer=train_tiny_tokenizer(512), spec=TinyQwen3Spec(), seed=seed, init_std=init_std)
+        corpus = "chat" if tokenizer == "bpe512-chat" else "arithmetic"
+        build_tiny_qwen3(
+            tmp, tokenizer=train_tiny_tokenizer(512, corpus), spec=TinyQwen3Spec(), seed=seed, init_std=init_std
+        )
     try:
         os.replace(tmp, out)  # atomic: `out` appears complete or not at all, so a reader never sees half a model
     except OSError:

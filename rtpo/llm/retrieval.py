@@ -340,7 +340,8 @@ class HTTPRetriever:
 
     url: the endpoint, e.g. http://127.0.0.1:8000/retrieve; timeout_s: the total time one attempt may
     take, connection to last byte (a watchdog shuts the socket at the deadline, so a server that trickles
-    a byte at a time cannot stretch it); max_response_bytes: a larger answer is a failed attempt;
+    a byte at a time cannot stretch it; the host name's lookup is the resolver's and not bounded: give
+    an address or a name it answers at once); max_response_bytes: a larger answer is a failed attempt;
     retries: further attempts after a failure, with a backoff doubling from backoff_s.  A failure is
     anything an attempt can meet: connection refused or reset, the deadline, an HTTP status other than
     200, a bad status line, a truncated body (IncompleteRead, a body shorter than its Content-Length),
@@ -385,6 +386,9 @@ class HTTPRetriever:
         watchdog.start()
         try:
             path = (p.path or "/") + (f"?{p.query}" if p.query else "")
+            conn.connect()
+            if time.monotonic() >= deadline:  # connected after the watchdog looked: it saw no socket to shut
+                raise TimeoutError(f"no complete answer within {self.timeout_s:g} s")
             conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
             if resp.status != 200:

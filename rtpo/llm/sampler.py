@@ -9,7 +9,7 @@ import contextlib
 import time
 from typing import Any
 
-from rtpo.metrics import generation_metrics
+from rtpo.core.metrics import generation_metrics
 
 
 class TrackedSampler:
@@ -48,7 +48,7 @@ class TrackedSampler:
     def pop_metrics(self) -> dict[str, float]:
         """The training rollouts' generation since the last call (rtpo.core.protocols.ReportsMetrics):
         time in the engine, tokens and responses generated, mean response length, tokens per second
-        (rtpo.metrics.generation_metrics).  Evaluation samples through eval_engine and is not counted here."""
+        (rtpo.core.metrics.generation_metrics).  Evaluation samples through eval_engine and is not counted here."""
         return generation_metrics(self.pop_generation_counts())
 
     def state(self) -> Any:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtpo.llm.sections import SandboxSection
-from rtpo.schema import BackendConfig, ConfigError, pydantic_error
+from rtpo.scenario.schema import BackendConfig, ConfigError, pydantic_error
 
 
 class LLMBackendConfig(BackendConfig):
@@ -23,11 +23,18 @@ class LLMBackendConfig(BackendConfig):
         description="local HF model folder (e.g. Qwen3-8B), or 'tiny-random': a random "
         "2-layer Qwen3 with the real Qwen3 tokenizer, built locally (no download)"
     )
-    model_cache: str = Field("runs/.models", description="where 'tiny-random' models are written")
-    tiny_tokenizer: Literal["qwen3", "bpe512"] = Field(
+    init: str | None = Field(
+        None,
+        description="start from these weights instead of backend.model's: a run folder (its latest "
+        "checkpoint, e.g. an SFT warm start; exported once into model_cache) or an exported HF folder; "
+        "same architecture and tokenizer as backend.model (rtpo.llm.init)",
+    )
+    model_cache: str = Field("runs/.models", description="where 'tiny-random' models (and init exports) are written")
+    tiny_tokenizer: Literal["qwen3", "bpe512", "bpe512-chat"] = Field(
         "qwen3",
         description="tiny-random only: the real Qwen3 vocab, or a 512-token BPE built offline (a random "
-        "policy over it writes digits often enough for answer_parse last_integer)",
+        "policy over it writes digits often enough for answer_parse last_integer); bpe512-chat: one "
+        "whose merges also cover the exact worlds' tool calls and observations (short canonical actions)",
     )
     tiny_init_std: float = Field(0.02, gt=0, description="tiny-random only: init scale (larger = peakier policy)")
     engine: Literal["vllm", "hf"] = Field("vllm", description="sampler: vllm (fast) | hf (reference)")
@@ -61,7 +68,7 @@ class LLMBackendConfig(BackendConfig):
 
 
 class FieldsSection(BaseModel):
-    """`task.fields`: where a record keeps each value, when its columns differ from the layout's (rtpo.data)."""
+    """`task.fields`: where a record keeps each value, when its columns differ from the layout's (rtpo.llm.data_files)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     question: str | None = Field(
@@ -146,10 +153,13 @@ class LLMTaskConfig(BaseModel):
 
 def parse_task(data: Any) -> LLMTaskConfig:
     from rtpo.llm.tasks.math import LAYOUTS
+    from rtpo.llm.worlds import parse_world_task, provider_of, world_kinds
 
     if not isinstance(data, dict):
         raise ConfigError(f"task: must be a mapping, got {data!r}")
     kind = data.get("kind")
+    if provider_of(kind) is not None:  # an exact world (rtpo.llm.worlds): a tabular task kind as a chat
+        return parse_world_task(data)
     if kind == "airline":
         from rtpo.llm.airline.build import parse_airline_task
 
@@ -158,7 +168,7 @@ def parse_task(data: Any) -> LLMTaskConfig:
 
     if kind in QA_KINDS:
         return parse_qa_task(data)
-    valid = ["arithmetic", "airline", *QA_KINDS, *LAYOUTS.names()]
+    valid = ["arithmetic", "airline", *QA_KINDS, *LAYOUTS.names(), *world_kinds()]
     if kind not in valid:
         raise ConfigError(f"task.kind: unknown LLM task {kind!r} (valid: {', '.join(valid)})")
     try:
@@ -201,8 +211,14 @@ def task_schemas() -> list[dict]:
     except ImportError:
         pass
     from rtpo.llm.search import QATaskConfig
+    from rtpo.llm.worlds import WorldTaskConfig
 
     out.append(QATaskConfig.model_json_schema())
+    world = WorldTaskConfig.model_json_schema()
+    world["properties"].pop("tabular", None)  # the tabular task's own keys (its schemas list them)
+    world["additionalProperties"] = True
+    world.pop("required", None)
+    out.append(world)
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtpo.llm.sections import SandboxSection
-from rtpo.schema import ConfigError, pydantic_error
+from rtpo.scenario.schema import ConfigError, pydantic_error
 
 QA_KINDS = ("hotpotqa", "2wiki", "searchr1", "multihop")
 

@@ -8,7 +8,9 @@ trains on the full history (`full_context_map: identity`) shows the mismatch of 
 
 Summarisers (SUMMARIZERS, by name):
 - extractive: deterministic, no model: the queries searched and the titles found (from the search
-  tool's `Doc i (Title: …)` lines), other tools by name, and the last sentence the assistant wrote.
+  tool's result itself, `ToolResult.found`, never parsed back out of its text; only a record written
+  without them falls back to the `Doc i (Title: …)` lines), other tools by name, and the last sentence
+  the assistant wrote.
 - engine:     the rollout engine writes the summary (one response per turn, its own sampling settings,
   drawn from the step's rng: recorded, so nothing about consistency depends on how it was written).
 """

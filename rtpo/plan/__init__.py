@@ -4,7 +4,7 @@ under FSDP2, activations at the micro-batch, the engine's KV cache) and a time e
 accelerator from a table (rtpo.plan.hardware) or a user's file.  `rtpo run` refuses a scenario whose
 plan does not fit (check_fits), naming the worker and the amount.
 
-Owns the model of cost only; imports rtpo.config/schema, rtpo.core's methods (to count), and reads
+Owns the model of cost only; imports rtpo.scenario.load/schema, rtpo.core's methods (to count), and reads
 rtpo.llm's schema and tiny-model spec and rtpo.distributed's resources section (never builds either).
 
     from rtpo.plan import plan
@@ -36,7 +36,7 @@ def check_fits(cfg, hardware=None) -> Plan | None:
     """`rtpo run`'s check: raise DoesNotFit (a ConfigError) when cfg's workers exceed the hardware's
     memory (backend.hardware, else this machine).  A model whose shape cannot be known without loading
     it (no config.json, no known size in its name) is left to the build, which reports it: None."""
-    from rtpo.schema import ConfigError
+    from rtpo.scenario.schema import ConfigError
 
     try:
         p = plan(cfg, hardware)

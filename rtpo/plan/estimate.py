@@ -17,7 +17,7 @@ from typing import Any
 
 from rtpo.plan.hardware import GB, Hardware
 from rtpo.plan.shapes import ModelShape
-from rtpo.schema import ConfigError
+from rtpo.scenario.schema import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default cap on sequences decoded together

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from rtpo.schema import ConfigError
+from rtpo.scenario.schema import ConfigError
 
 GB = 1e9
 GIB = 2**30
@@ -153,7 +153,7 @@ def _from_mapping(name: str, data: Any, where: str) -> Hardware:
 def load_file(path: str | os.PathLike) -> dict[str, Hardware]:
     """Accelerators from a YAML/JSON file: one entry (its `name` or the file's stem names it) or a
     mapping name -> entry."""
-    from rtpo.schema import parse_yaml
+    from rtpo.scenario.schema import parse_yaml
 
     p = Path(path)
     if not p.is_file():

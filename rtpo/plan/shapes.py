@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtpo.schema import ConfigError
+from rtpo.scenario.schema import ConfigError
 
 
 @dataclass(frozen=True)

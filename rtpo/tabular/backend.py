@@ -168,16 +168,34 @@ class TabularSampler:
         self.load_weights(params)
 
     def load_weights(self, weights: np.ndarray) -> None:
+        """Take a copy of `weights`; rebuild the log-prob and cumulative tables of the turns they change.
+
+        A turn-separable policy's turn k depends on weights[k] alone, so a sync after one RTPO phase
+        (which trains one turn) recomputes that turn's rows only; the rows are the same arithmetic as a
+        whole rebuild (`policy.log_prob_turn`), so the tables are bit-identical either way (tested)."""
+        previous = self._params if getattr(self, "_table", None) is not None else None
         self._params = torch.as_tensor(np.array(weights, dtype=np.float64, copy=True))
-        self._table = self._cdf = None
         K, C, A = self.policy.num_turns, self.policy.num_contexts, self.policy.num_actions
-        if K * C * A <= self.table_limit:
+        if K * C * A > self.table_limit:
+            self._table = self._cdf = None
+            return
+        if previous is not None and self.policy.turn_separable and previous.shape == self._params.shape:
+            old, new = previous.numpy(), self._params.numpy()
+            changed = [k for k in range(K) if not np.array_equal(old[k], new[k])]
+            table, cdf = self._table.reshape(K, C, A), self._cdf.reshape(K, C, A)
             with torch.no_grad():
-                lp = self.policy.log_prob_table(self._params).numpy()
-            # one row per (turn, context) cell, row k·C + c: np.take of rows is a block copy (a 2-D fancy
-            # index costs several times as much)
-            self._table = lp.reshape(K * C, A)
-            self._cdf = np.cumsum(np.exp(self._table), axis=-1)
+                for k in changed:
+                    table[k] = self.policy.log_prob_turn(self._params, k).numpy()
+                    np.cumsum(np.exp(table[k]), axis=-1, out=cdf[k])
+            self.rebuilt_turns = len(changed)
+            return
+        with torch.no_grad():
+            lp = self.policy.log_prob_table(self._params).numpy()
+        # one row per (turn, context) cell, row k·C + c: np.take of rows is a block copy (a 2-D fancy
+        # index costs several times as much)
+        self._table = np.ascontiguousarray(lp.reshape(K * C, A))
+        self._cdf = np.cumsum(np.exp(self._table), axis=-1)
+        self.rebuilt_turns = K
 
     def action_log_probs(self, contexts: Ragged) -> np.ndarray:
         turn, ctx = _decode_contexts(contexts)
@@ -273,7 +291,9 @@ class TabularLearner:
         where[present] = torch.arange(present.numel())
         return torch.stack([self.parts[k] for k in present.tolist()])[where[turn], ctx]
 
-    def _token_logp(self, batch: TurnBatch, params: torch.Tensor | None = None) -> torch.Tensor:
+    def _token_logp(self, batch: TurnBatch, params: torch.Tensor | None = None, entropy: bool = False):
+        """log π of each row's action (and, with entropy=True, also each row's entropy −Σ_a π log π, both
+        differentiable)."""
         if not batch.tokens.is_uniform(1):
             raise ValueError("tabular responses are exactly one token (the action)")
         turn, ctx = _decode_contexts(batch.contexts)
@@ -281,7 +301,8 @@ class TabularLearner:
             lp = torch.log_softmax(self._logits(turn, ctx), dim=-1)
         else:
             lp = self.policy.log_probs(params, turn, ctx)
-        return lp.gather(1, torch.tensor(batch.tokens.values, dtype=torch.int64)[:, None]).squeeze(1)
+        chosen = lp.gather(1, torch.tensor(batch.tokens.values, dtype=torch.int64)[:, None]).squeeze(1)
+        return (chosen, -(lp.exp() * lp).sum(-1)) if entropy else chosen
 
     def logprobs(self, batch: TurnBatch) -> Ragged:
         with torch.no_grad():
@@ -306,12 +327,14 @@ class TabularLearner:
         flat = self._flat[1]
         if self.closed_form and closed_form_gradient(loss):
             return self._closed_form_step(batch, flat, loss)
-        logp = self._token_logp(batch)
+        logp, entropy = (
+            self._token_logp(batch, entropy=True) if loss.entropy_coef > 0 else (self._token_logp(batch), None)
+        )
         ref = None
         if loss.kl_coef > 0:
             with torch.no_grad():
                 ref = self._token_logp(batch, self.ref_params)
-        value, metrics = policy_loss(logp, flat, loss, ref)
+        value, metrics = policy_loss(logp, flat, loss, ref, entropy)
         self.opt.zero_grad(set_to_none=True)
         value.backward()
         grads = [p.grad for p in self.parts if p.grad is not None]

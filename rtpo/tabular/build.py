@@ -10,10 +10,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rtpo.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
 from rtpo.core.methods import RunContext
-from rtpo.evaluation import EvalSplit, SampledEval
-from rtpo.schema import (
+from rtpo.core.sampled_eval import EvalSplit, SampledEval
+from rtpo.scenario.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
+from rtpo.scenario.schema import (
     BackendConfig,
     ConfigError,
     ScenarioConfig,

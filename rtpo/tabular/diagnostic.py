@@ -41,7 +41,10 @@ I_RTPO / I_GRPO: above 1, RTPO's rollouts carry more turn-level credit than GRPO
 region_chain); below 1, GRPO's K samples per rollout win (the Bernoulli tool chain, where σ_V² is a few
 percent of Var(R)).  It is a per-rollout statement about the initial policy's gradient signal, not a
 prediction of final values, and the printed text says so ("no call"): summed over turns, one easy turn
-can dominate it, and on four held-out families an independent check found it named the winner twice.
+can dominate it.  On 24 generated families it was not built on (bench/bench_regime.py, docs/results.md
+§1d) it named the winner of every clear contest but was at chance on close ones, and overall did not
+beat the base rate of always naming GRPO; an independent check on four other families found it right
+twice.
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ def decomposition_text(dec: VarianceDecomposition, G: int, label: str = "") -> l
         f"(more turn-level credit per {'RTPO' if dec.info_index(G) > 1 else 'GRPO'} rollout)"
     )
     lines.append(
-        "no call on which method will win: this index sums over turns and is not calibrated as a predictor "
-        "(an independent check found it named the winner on 2 of 4 families it was not built on)"
+        "no call on which method will win: on held-out families a large index went with a clear win, but close "
+        "contests were at chance and it did not beat always naming GRPO (docs/results.md §1d, docs/results/regime_benchmark/regime.json)"
     )
     return lines

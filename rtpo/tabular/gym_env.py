@@ -63,7 +63,7 @@ class TurnMDPEnv(gymnasium.Env):
     @classmethod
     def from_scenario(cls, scenario: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()):
         """The MDP of a tabular scenario file (None = the embedded default), seen through its ψ."""
-        from rtpo.config import ConfigError, load_scenario
+        from rtpo.scenario.load import ConfigError, load_scenario
         from rtpo.tabular.build import build_mdp
 
         cfg = load_scenario(scenario, list(overrides))
@@ -92,6 +92,8 @@ class TurnMDPEnv(gymnasium.Env):
         if self._ep is None or self._done:
             raise RuntimeError("TurnMDPEnv.step: call reset() (or restore()) first; the episode has ended")
         a = int(action) if np.ndim(action) == 0 and np.issubdtype(np.asarray(action).dtype, np.integer) else -1
+        if not 0 <= a <= np.iinfo(np.int64).max:  # np.uint64(2**63) and the like: no action id, malformed
+            a = -1
         tokens = Ragged.from_dense(np.array([[a]], dtype=np.int64))
         gen = Generation(tokens, Ragged.from_dense(np.zeros((1, 1))))
         discount = float(self.mdp.gamma**self._elapsed)

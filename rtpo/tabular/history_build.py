@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from rtpo.backends import BackendSpec, BuiltBackend, register_backend
-from rtpo.schema import BackendConfig, ScenarioConfig
+from rtpo.scenario.backends import BackendSpec, BuiltBackend, register_backend
+from rtpo.scenario.schema import BackendConfig, ScenarioConfig
 from rtpo.tabular.build import (
     ROLLOUT_PATH,
     assemble,

@@ -39,6 +39,10 @@ class TabularPolicy:
         lp = self.log_probs(params, torch.arange(K).repeat_interleave(C), torch.arange(C).repeat(K))
         return lp.reshape(K, C, self.num_actions)
 
+    def log_prob_turn(self, params: torch.Tensor, k: int) -> torch.Tensor:
+        """log π_k(· | c) of every context c of turn k: (C, A), row by row `log_prob_table(params)[k]`."""
+        return self.log_prob_table(params)[k]
+
     def table(self, params: np.ndarray) -> np.ndarray:
         """π as a dense (K, C, A) probability array (for the exact solvers)."""
         K, C = self.num_turns, self.num_contexts
@@ -69,6 +73,9 @@ class SoftmaxTable(TabularPolicy):
     def log_prob_table(self, params: torch.Tensor) -> torch.Tensor:
         # the table is its own (K, C, A) logits: one log_softmax over it, no gather of every cell
         return torch.log_softmax(params, dim=-1)
+
+    def log_prob_turn(self, params: torch.Tensor, k: int) -> torch.Tensor:
+        return torch.log_softmax(params[k], dim=-1)  # turn k's rows only: the same per-row arithmetic
 
 
 @dataclass

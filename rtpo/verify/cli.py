@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtpo.cliutil import OneLineParser, fail
+from rtpo.commands.common import OneLineParser, fail
 
 VERIFY_DIR = Path(__file__).resolve().parent
 REPO_ROOT = VERIFY_DIR.parents[1]

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from rtpo.threads import torch_threads
+from rtpo.core.threads import torch_threads
 from rtpo.verify.profiles import load_profile
 
 load_profile()

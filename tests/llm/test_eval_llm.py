@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from llm_test_constants import vllm_missing
 
-from rtpo import cli
+from rtpo.commands import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "llm" / "tiny-cpu-learn.yaml"
@@ -64,7 +64,7 @@ def _same(a: dict, b: dict) -> bool:
 def test_eval_reproduces_the_in_run_evaluation(hf_run, capsys):
     """One sample of each of the first task.eval_queries problems at the default seed is exactly what the
     run logged after its last phase, from the checkpoint's weights."""
-    from rtpo.run import read_metrics
+    from rtpo.rundir.runner import read_metrics
 
     last = read_metrics(hf_run)[-1]
     report = _eval(capsys, hf_run, "--samples", 1, "--queries", EVAL_QUERIES, "--out", hf_run / "e1.json")
@@ -83,7 +83,7 @@ def test_eval_reproduces_the_in_run_evaluation(hf_run, capsys):
 
 
 def test_eval_of_a_run_folder_pass_at_k(hf_run, capsys):
-    from rtpo.config import load_scenario
+    from rtpo.scenario.load import load_scenario
 
     cfg = load_scenario(hf_run / "config.yaml")
     args = [hf_run, "--samples", 4, "--k", "1,2,4"]
@@ -128,7 +128,7 @@ def test_eval_of_a_run_folder_pass_at_k(hf_run, capsys):
 
 
 def test_a_hf_model_folder_is_its_scenario_with_backend_model(hf_run, tmp_path, capsys):
-    from rtpo.config import load_scenario
+    from rtpo.scenario.load import load_scenario
 
     cfg = load_scenario(hf_run / "config.yaml")
     model_dir = next(Path(cfg.backend.model_cache).glob("tiny-bpe512-seed0*"))

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from rtpo import checkpoint, cli
+from rtpo.commands import cli
+from rtpo.rundir import checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "llm" / "tiny-cpu.yaml"
@@ -62,7 +63,7 @@ def run_dir(tmp_path_factory) -> Path:
 def _export(capsys, *args) -> tuple[int, str]:
     try:
         rc = cli.main(["export", *map(str, args)])
-    except SystemExit as e:  # argparse's own errors (one line, exit 2 through rtpo.cli's parser)
+    except SystemExit as e:  # argparse's own errors (one line, exit 2 through rtpo.commands.cli's parser)
         rc = e.code
     captured = capsys.readouterr()
     return rc, captured.err
@@ -97,9 +98,9 @@ def _hf_logprobs(folder: Path, batch, temperature: float = T) -> np.ndarray:
 
 def _learner_logprobs(run: Path, iteration: int, batch) -> np.ndarray:
     """The run's learner restored from checkpoint ckpt/iter_<iteration> (as --resume restores it)."""
-    from rtpo.config import load_scenario
     from rtpo.llm.build import _model_dir as model_dir
     from rtpo.llm.learner import FSDPLearner, LearnerConfig
+    from rtpo.scenario.load import load_scenario
 
     cfg = load_scenario(run / checkpoint.CONFIG)
     state = checkpoint.resume_state(run, cfg, iteration)
@@ -125,8 +126,8 @@ def test_export_loads_in_transformers_with_the_learners_logprobs(run_dir, tmp_pa
     exported = _hf_logprobs(out, batch)
     np.testing.assert_allclose(exported, _learner_logprobs(run_dir, 2, batch), atol=1e-5, rtol=0)
     # and the weights are the trained ones: the initial model gives other log-probs
-    from rtpo.config import load_scenario
     from rtpo.llm.build import _model_dir as model_dir
+    from rtpo.scenario.load import load_scenario
 
     initial = _hf_logprobs(model_dir(load_scenario(run_dir / checkpoint.CONFIG)), batch)
     assert np.abs(exported - initial).max() > 1e-3
@@ -196,7 +197,7 @@ def test_bad_input_is_one_line_exit_2(run_dir, tmp_path, capsys):
     assert (occupied / "keep.txt").read_text() == "mine"
 
     # a foreign checkpoint: another run's state (another seed) in this run's folder
-    from rtpo.config import load_scenario
+    from rtpo.scenario.load import load_scenario
 
     fake = tmp_path / "fake-run"
     shutil.copytree(run_dir, fake)

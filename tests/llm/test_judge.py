@@ -154,7 +154,7 @@ def test_the_real_tiny_engine_runs_the_judge_path(tiny_model_dir):
 
 def test_config_refuses_a_judge_it_cannot_build(tmp_path):
     from rtpo.llm.search import JudgeSection, build_judge, parse_qa_task
-    from rtpo.schema import ConfigError
+    from rtpo.scenario.schema import ConfigError
 
     with pytest.raises(ConfigError, match="reward judge needs task.judge"):
         parse_qa_task({"kind": "multihop", "reward": "judge"})

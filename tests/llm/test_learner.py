@@ -73,19 +73,26 @@ def reference_step(model_dir, batch: TurnBatch, loss: LossConfig, cfg: LearnerCo
     ref_model = load_hf_model(model_dir) if loss.kl_coef > 0 else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
 
+    entropies = []
+
     def token_logp(m):
         out = []
         for c, r in zip(batch.contexts, batch.tokens):
             ids = torch.as_tensor(np.concatenate([c, r]), dtype=torch.long)[None]
             logits = m(input_ids=ids).logits[0, c.size - 1 : c.size + r.size - 1].float() / cfg.temperature
-            out.append(torch.log_softmax(logits, -1).gather(1, torch.as_tensor(np.array(r))[:, None]).squeeze(1))
+            lp = torch.log_softmax(logits, -1)
+            entropies.append(-(lp.exp() * lp).sum(-1))
+            out.append(lp.gather(1, torch.as_tensor(np.array(r))[:, None]).squeeze(1))
         return torch.cat(out)
 
     ref = None
     if ref_model is not None:
         with torch.no_grad():
             ref = token_logp(ref_model)
-    value, _ = policy_loss(token_logp(model), FlatBatch.from_batch(batch), loss, ref)
+    entropies.clear()
+    logp = token_logp(model)
+    entropy = torch.cat(entropies) if loss.entropy_coef > 0 else None
+    value, _ = policy_loss(logp, FlatBatch.from_batch(batch), loss, ref, entropy)
     opt.zero_grad()
     value.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -135,13 +142,25 @@ def test_rollout_train_ratio_is_one_for_each_engine(engine, tiny_model_dir, cont
         LossConfig(aggregation="token-mean", kl_coef=0.1),  # GRPO-style aggregation with the k3 KL term
         LossConfig(ratio="sequence", clip_eps_high=0.28),  # GSPO sequence ratio, clip-higher
         LossConfig(objective="pair_regression", eta=0.5, kl_coef=0.1),  # REFUEL: two rows (y, y') per pair
+        # Dr.GRPO's constant normaliser with the k1 KL (whose gradient is not zero at θ = θ_ref) and an
+        # entropy bonus: every regulariser's token share across micro-batches
+        LossConfig(
+            aggregation="seq-mean-token-sum-norm", norm_length=8.0, kl_coef=0.1, kl_estimator="k1", entropy_coef=0.05
+        ),
+        LossConfig(aggregation="seq-mean-token-sum", entropy_coef=0.1),
     ],
-    ids=["eq6", "token-mean-kl", "sequence", "refuel"],
+    ids=["eq6", "token-mean-kl", "sequence", "refuel", "drgrpo-k1-entropy", "token-sum-entropy"],
 )
 def test_train_step_equals_unsharded_reference(tiny_model_dir, loss):
     pairs = loss.objective == "pair_regression"
     # a two-row sequence (GSPO) or pair (REFUEL) must stay whole in a micro-batch
-    seq_id = [0, 1, 1, 2] if loss.ratio == "sequence" else [0, 0, 1, 1] if pairs else None
+    seq_id = (
+        [0, 1, 1, 2]
+        if loss.ratio == "sequence" or loss.aggregation.startswith("seq-mean-token-sum")
+        else [0, 0, 1, 1]
+        if pairs
+        else None
+    )
     batch = make_batch(tiny_model_dir, 1, seq_id=seq_id)
     if pairs:  # +1 on y, -1 on y'
         batch = dataclasses.replace(batch, weight=np.array([1.0, -1.0, 1.0, -1.0]))

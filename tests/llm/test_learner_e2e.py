@@ -20,14 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios" / "llm"
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("rtpo.config") is None or importlib.util.find_spec("rtpo.llm.env") is None,
-    reason="needs the scenario runner (rtpo.config) and the LLM environment (rtpo.llm.env)",
+    importlib.util.find_spec("rtpo.scenario.load") is None or importlib.util.find_spec("rtpo.llm.env") is None,
+    reason="needs the scenario runner (rtpo.scenario.load) and the LLM environment (rtpo.llm.env)",
 )
 
 
 @pytest.mark.parametrize("name", ["qwen3-1.7b-8gpu", "qwen3-4b-8gpu", "qwen3-8b-8gpu", "tiny-cpu"])
 def test_llm_scenarios_validate(name):
-    from rtpo.config import load_scenario
+    from rtpo.scenario.load import load_scenario
 
     cfg = load_scenario(SCENARIOS / f"{name}.yaml")
     assert cfg.backend.kind == "llm" and cfg.method.name == "rtpo"
@@ -38,7 +38,7 @@ def test_llm_scenarios_validate(name):
 
 
 def test_bad_llm_config_is_a_one_line_error():
-    from rtpo.config import ConfigError, load_scenario
+    from rtpo.scenario.load import ConfigError, load_scenario
 
     with pytest.raises(ConfigError, match=r"^task.kind: unknown LLM task 'sudoku'"):
         load_scenario(SCENARIOS / "tiny-cpu.yaml", ["task.kind=sudoku"])

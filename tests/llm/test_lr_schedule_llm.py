@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from test_learner import CFG, assert_weights_close, make_batch
 
-from rtpo.config import load_scenario
 from rtpo.core.loss import LossConfig
 from rtpo.core.schedule import LRSchedule
 from rtpo.llm.learner import FSDPLearner, LearnerConfig
+from rtpo.scenario.load import load_scenario
 
 SCHED = LRSchedule("linear", warmup_steps=2, decay_steps=3, min_lr_ratio=0.25)
 

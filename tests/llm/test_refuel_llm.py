@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
 def test_refuel_runs_on_the_llm_backend(tmp_path):
-    from rtpo.config import load_scenario
-    from rtpo.run import run_scenario
+    from rtpo.rundir.runner import run_scenario
+    from rtpo.scenario.load import load_scenario
 
     cfg = load_scenario(
         ROOT / "scenarios" / "llm" / "tiny-cpu-learn.yaml",

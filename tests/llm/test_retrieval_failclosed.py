@@ -220,7 +220,7 @@ def test_a_url_that_is_not_http_is_refused_by_the_config(url):
 def test_a_cache_dir_that_is_a_file_is_a_one_line_config_error(tmp_path):
     pytest.importorskip("bm25s", reason="the search extra (bm25s) is not installed")
     from rtpo.llm.search import build_retriever
-    from rtpo.schema import ConfigError
+    from rtpo.scenario.schema import ConfigError
 
     corpus = _corpus(tmp_path)
     blocker = tmp_path / "afile"

@@ -215,7 +215,7 @@ def test_refusal_reaches_the_model_as_feedback_and_a_metric(monkeypatch):
 
 def test_scenario_section_reaches_the_limits():
     pytest.importorskip("transformers")
-    from rtpo.config import load_scenario
+    from rtpo.scenario.load import load_scenario
 
     cfg = load_scenario(ROOT / "scenarios/llm/tiny-cpu.yaml", ["task.sandbox.allow_unisolated=true"])
     lim = cfg.task.sandbox.limits()

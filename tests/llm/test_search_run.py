@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("bm25s", reason="the search extra (bm25s) is not installed")
 pytest.importorskip("transformers")
 
-from rtpo import cli  # noqa: E402
+from rtpo.commands import cli  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "llm" / "tiny-cpu-search.yaml"
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rtpo.llm.tasks import MathDataError, load_math
-from rtpo.schema import ConfigError
+from rtpo.scenario.schema import ConfigError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "math"
 

@@ -11,6 +11,7 @@ implements `begin` and `run_phase` and rolls out only through `self.rollout`, so
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -18,10 +19,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rtpo.core.budget import Budget
-from rtpo.core.loss import Aggregation, LossConfig, RatioLevel
+from rtpo.core.loss import AdaptiveKL, Aggregation, LossConfig, RatioLevel
 from rtpo.core.protocols import Environment, Learner, Sampler
 from rtpo.core.registry import Registry
 from rtpo.core.rollout import RolloutResult, rollout
+from rtpo.core.train import ppo_update
+from rtpo.core.types import TurnBatch
+
+_KL_KEY = "adaptive_kl_coef"  # checkpoint_state's key for the adaptive β
 
 
 @dataclass(frozen=True)
@@ -31,8 +36,18 @@ class UpdateConfig:
     epochs:         PPO epochs E per phase (Algorithm 1 step 2.4).
     minibatch_size: sequences per optimiser step; None = the whole phase batch in one step.
     clip_eps:       ε of Eq. 6; clip_eps_high: optional asymmetric upper clip.
-    kl_coef:        k3 KL penalty to the reference (initial) policy (E.3: 0.02); 0 = off.
+    kl_coef:        β of the KL penalty to the reference (initial) policy in the loss (E.3: 0.02); 0 = off.
     log_ratio_clip: |log ρ| clamp before exp (E.3: 10).
+    kl_estimator:   per-token KL estimate (rtpo.core.loss.kl_term): k1 | k2 | k3 (E.3) | low_var_kl.
+    kl_target:      adaptive KL controller (rtpo.core.loss.AdaptiveKL): after every update β is scaled by
+                    1 + clip(KL/kl_target − 1, ±0.2)·n/kl_horizon (n = the update's rows), starting from
+                    kl_coef; None = a fixed β.
+    kl_horizon:     the controller's horizon, in rows (samples).
+    entropy_coef:   c of the entropy bonus −c·H in the loss (token mean at the response tokens); 0 = off.
+    loss_aggregation: token aggregation of the policy loss for any method (rtpo.core.loss.aggregate):
+                    token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+                    (Dr.GRPO); None = the method's own (RTPO: seq-mean-token-mean, Eq. 6; GRPO: token-mean).
+    norm_length:    L of seq-mean-token-sum-norm (Dr.GRPO: the max response tokens).
     """
 
     epochs: int = 1
@@ -41,12 +56,22 @@ class UpdateConfig:
     clip_eps_high: float | None = None
     kl_coef: float = 0.0
     log_ratio_clip: float | None = 10.0
+    kl_estimator: str = "k3"
+    kl_target: float | None = None
+    kl_horizon: int = 10000
+    entropy_coef: float = 0.0
+    loss_aggregation: str | None = None
+    norm_length: float | None = None
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
             raise ValueError("epochs must be >= 1")
         if self.minibatch_size is not None and self.minibatch_size < 1:
             raise ValueError("minibatch_size must be >= 1")
+        if self.kl_target is not None and not (self.kl_target > 0 and self.kl_coef > 0):
+            raise ValueError("kl_target needs kl_target > 0 and a starting kl_coef > 0")
+        if self.kl_horizon < 1:
+            raise ValueError("kl_horizon must be >= 1")
         self.loss_config()  # clip and ratio settings are checked where the loss defines them
 
     def loss_config(self, ratio: RatioLevel = "token", aggregation: Aggregation = "seq-mean-token-mean") -> LossConfig:
@@ -54,9 +79,12 @@ class UpdateConfig:
             clip_eps=self.clip_eps,
             clip_eps_high=self.clip_eps_high,
             ratio=ratio,
-            aggregation=aggregation,
+            aggregation=self.loss_aggregation or aggregation,
             log_ratio_clip=self.log_ratio_clip,
             kl_coef=self.kl_coef,
+            kl_estimator=self.kl_estimator,
+            entropy_coef=self.entropy_coef,
+            norm_length=self.norm_length,
         )
 
 
@@ -129,6 +157,40 @@ class Method(ABC):
             res = res.per_episode()
         ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
         return res
+
+    def kl_controller(self) -> AdaptiveKL | None:
+        """The adaptive KL coefficient (UpdateConfig.kl_target), created on first use; None: a fixed β."""
+        ctl = getattr(self, "_kl_ctl", None)
+        if ctl is None and getattr(self.cfg, "kl_target", None) is not None:
+            ctl = self._kl_ctl = AdaptiveKL(self.cfg.kl_coef, self.cfg.kl_target, self.cfg.kl_horizon)
+        return ctl
+
+    def ppo(self, ctx: RunContext, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
+        """ppo_update with this method's epochs and minibatch size, under the adaptive KL coefficient when
+        there is one (which then moves by the update's measured loss/kl_ref; metric loss/kl_coef)."""
+        ctl = self.kl_controller()
+        if ctl is not None:
+            loss = dataclasses.replace(loss, kl_coef=ctl.value)
+        metrics = ppo_update(ctx.learner, batch, loss, self.cfg.epochs, self.cfg.minibatch_size, ctx.rng)
+        if ctl is not None:
+            metrics["loss/kl_coef"] = loss.kl_coef
+            ctl.update(metrics.get("loss/kl_ref", 0.0), len(batch.seq_id))
+        return metrics
+
+    def checkpoint_state(self) -> Any:
+        """state_dict plus the adaptive KL coefficient, when there is one (what the runner checkpoints)."""
+        inner = self.state_dict()
+        ctl = self.kl_controller()
+        return inner if ctl is None else {_KL_KEY: ctl.value, "method": inner}
+
+    def load_checkpoint_state(self, state: Any) -> None:
+        """Restore what checkpoint_state returned."""
+        ctl = self.kl_controller()
+        if isinstance(state, dict) and _KL_KEY in state:
+            if ctl is not None:
+                ctl.value = float(state[_KL_KEY])
+            state = state["method"]
+        self.load_state_dict(state)
 
     def state_dict(self) -> Any:
         """What the method carries from one iteration to the next (picklable), checkpointed by the runner

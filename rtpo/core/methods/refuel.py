@@ -25,7 +25,7 @@ import numpy as np
 
 from rtpo.core.loss import LossConfig
 from rtpo.core.methods.base import IterationState, Method, RunContext, UpdateConfig, register_method
-from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
+from rtpo.core.train import rollout_train_ratio, turn_rows
 from rtpo.core.types import ReverseTree
 
 
@@ -60,6 +60,8 @@ class REFUELConfig(UpdateConfig):
             clip_eps=self.clip_eps,
             log_ratio_clip=self.log_ratio_clip,
             kl_coef=self.kl_coef,
+            kl_estimator=self.kl_estimator,
+            entropy_coef=self.entropy_coef,
             objective="pair_regression",
             eta=self.eta,
         )
@@ -109,9 +111,7 @@ class REFUEL(Method):
             }
         )
         metrics.update(rollout_train_ratio(ctx.learner, batch))
-        metrics.update(
-            ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng)
-        )
+        metrics.update(self.ppo(ctx, batch, self.cfg.loss()))
         return metrics
 
     def rollouts_per_query(self, num_turns: int) -> float:

@@ -20,7 +20,7 @@ from rtpo.core import estimators
 from rtpo.core.loss import LossConfig
 from rtpo.core.methods.base import IterationState, Method, RunContext, UpdateConfig
 from rtpo.core.protocols import Learner
-from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
+from rtpo.core.train import rollout_train_ratio, turn_rows
 from rtpo.core.types import BoundaryRows, Ragged, ReverseTree, Rollouts, Trajectory, discounted_return
 
 
@@ -225,9 +225,7 @@ class ReverseTurn(Method):
         w = None if weight is None else np.asarray(weight, np.float64)[rows]
         batch = turn_rows(chosen, np.zeros(rows.size, np.int64), np.asarray(adv)[rows], weight=w)
         metrics.update(rollout_train_ratio(ctx.learner, batch))
-        metrics.update(
-            ppo_update(ctx.learner, batch, self.cfg.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng)
-        )
+        metrics.update(self.ppo(ctx, batch, self.cfg.loss()))
         return metrics
 
     @staticmethod

@@ -21,7 +21,7 @@ from rtpo.core import estimators
 from rtpo.core.loss import LossConfig
 from rtpo.core.methods.base import IterationState, Method, RunContext, register_method
 from rtpo.core.methods.flat import FlatUpdateConfig, training_contexts
-from rtpo.core.train import ppo_update, rollout_train_ratio, turn_rows
+from rtpo.core.train import rollout_train_ratio, turn_rows
 from rtpo.core.types import Ragged, TurnBatch
 
 
@@ -104,7 +104,7 @@ class SeeUPO(Method):
             }
         )
         metrics.update(rollout_train_ratio(ctx.learner, batch))
-        metrics.update(ppo_update(ctx.learner, batch, self.loss(), self.cfg.epochs, self.cfg.minibatch_size, ctx.rng))
+        metrics.update(self.ppo(ctx, batch, self.loss()))
         new = ctx.learner.logprobs(batch)
         delta = new.values - batch.old_logp.values
         tok_row = np.repeat(np.arange(len(batch)), batch.tokens.lengths)

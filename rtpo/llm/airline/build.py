@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rtpo.schema import ConfigError, pydantic_error
+from rtpo.scenario.schema import ConfigError, pydantic_error
 
 
 class AirlineTaskConfig(BaseModel):

@@ -26,6 +26,7 @@ and a metric, never an exception.
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,6 +43,7 @@ from rtpo.llm.chat import Qwen3Chat, parse_response
 from rtpo.llm.contexts import ChatState, ContextMap, TurnBlocks, make_context_map
 
 EMPTY_USER_REPLY = "(no reply)"
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.S)
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,11 @@ class AirlineTasks:
 
 @dataclass(frozen=True)
 class AirlineEpisode:
-    """One episode at a boundary (immutable: its own snapshot).  messages: what the agent said to the user;
-    calls: the (name, arguments) it called, in order; user_state: the simulator's state; at_user: the
-    previous turn's feedback was the user's reply (a τ² agent-turn boundary)."""
+    """One episode at a boundary (immutable: its own snapshot).  messages: what the agent said to the user
+    (turns without a tool call); said: the text of every assistant turn, beside a tool call too (what τ²'s
+    COMMUNICATE and NL checks read); calls: the (name, arguments) it called, in order; history: the
+    conversation for the generations log; user_state: the simulator's state; at_user: the previous turn's
+    feedback was the user's reply (a τ² agent-turn boundary)."""
 
     query_id: int
     task: AirlineTask
@@ -75,6 +79,8 @@ class AirlineEpisode:
     user_state: Any
     messages: tuple[str, ...] = ()
     calls: tuple[tuple[str, Any], ...] = ()
+    said: tuple[str, ...] = ()  # the text of every assistant message, one that also calls a tool included
+    history: tuple[tuple[str, str], ...] = ()  # (role, text): assistant turns, tool results, user replies
     tool_errors: int = 0
     at_user: bool = True
     done: bool = False
@@ -141,6 +147,8 @@ class AirlineEnv:
         self.max_errors = max_errors
         self._prompts: dict[int, tuple[np.ndarray, Any]] = {}
         self.metrics: collections.Counter = collections.Counter()
+        self._capture = 0  # finished episodes still to keep for sample_log
+        self._captured: list[dict] = []
 
     # ------------------------------------------------------------------ protocol
 
@@ -217,12 +225,18 @@ class AirlineEnv:
         for i, e in enumerate(episodes):
             ids = gen.tokens[i]
             finished = ids.size > 0 and int(ids[-1]) in self.chat.stop_ids
-            p = parse_response(self.chat.decode(ids[:-1] if finished else ids), finished=finished)
+            raw_text = self.chat.decode(ids[:-1] if finished else ids)
+            p = parse_response(raw_text, finished=finished)
             m["truncated_turns"] += int(not p.finished)
             sampled = ids[:-1] if finished else ids
             blocks[i] = (self.chat.raw_assistant_block(ids), self.chat.assistant_block(p.content, sampled))
+            beside = _TOOL_CALL_BLOCK.sub("", p.content).strip()
+            if beside:
+                e = replace(e, said=e.said + (beside,))
+            e = replace(e, history=e.history + (("assistant", raw_text),))
             if p.tool_calls or p.errors:
                 e, results, bad, transferred = self._run_calls(e, p)
+                e = replace(e, history=e.history + tuple(("tool", r) for r in results))
                 malformed[i] = bad
                 if transferred:
                     out[i], done[i] = e, True
@@ -258,6 +272,7 @@ class AirlineEnv:
                     reward[i] = self._finish(e, "user_stop")
                     continue
                 feedback[i] = str(text)
+                e = replace(e, history=e.history + (("user", str(text)),))
                 out[i] = self._advance(e, blocks[i], self._user_block(str(text)))
         for i in range(n):
             if done[i]:
@@ -310,6 +325,7 @@ class AirlineEnv:
             if c >= self.max_calls_per_turn:
                 results.append(f"Error: at most {self.max_calls_per_turn} tool calls per turn; this one was not run.")
                 m["tool/attempted"] += 1
+                m["tool/errors"] += 1  # attempted and not run: an error of Table 9's 1 - errors/attempted
                 m["tool/over_limit"] += 1
                 bad = True
                 continue
@@ -332,7 +348,19 @@ class AirlineEnv:
 
     def _finish(self, e: AirlineEpisode, how: str) -> float:
         normal = how in ("user_stop", "transfer")
-        r = self.scorer.score(e.task, e.db, e.messages, e.calls, normal_end=normal)
+        r = self.scorer.score(e.task, e.db, e.said, e.calls, normal_end=normal)
+        if self._capture > len(self._captured):
+            self._captured.append(
+                {
+                    "query_id": int(e.query_id),
+                    "question": e.task.id,
+                    "gold": [{"name": a.name, "arguments": a.arguments} for a in e.task.actions],
+                    "turns": [{"role": role, "text": text} for role, text in e.history],
+                    "answer": None,
+                    "reward": float(r.reward),
+                    "end": how,
+                }
+            )
         m = self.metrics
         m[f"end/{how}"] += 1
         m["end/normal"] += int(normal)
@@ -347,6 +375,14 @@ class AirlineEnv:
         return r.reward
 
     def pop_metrics(self) -> dict[str, float]:
-        out = dict(self.metrics)
+        """Counters since the last call; Appendix G's tool counters are always there (0 when no tool ran)."""
+        out = {"tool/attempted": 0, "tool/calls": 0, "tool/errors": 0, **self.metrics}
         self.metrics = collections.Counter()
+        return out
+
+    def sample_log(self, n: int) -> list[dict]:
+        """The finished episodes kept since the last call, then keep the first `n` that finish from now on
+        (logging.generations_per_iteration): query_id, question (the task id), gold (the task's actions),
+        turns (role, text: the assistant's raw text, tool results, user replies), reward, end."""
+        out, self._captured, self._capture = self._captured, [], int(n)
         return out

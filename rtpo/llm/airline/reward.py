@@ -4,9 +4,12 @@
                compare the final database with the episode's: 1 if equal, else 0.  Gold calls that fail
                are skipped, as τ² does (their error leaves the database unchanged).
 - COMMUNICATE: 1 if every `communicate_info` string occurs in some assistant message (case-insensitive,
-               commas removed from the message), else 0; 1 when there is nothing to communicate.
-- ACTION:      1 if every gold action was called (same name, equal arguments on its compare_args, all by
-               default), else 0.
+               commas removed from the message), else 0; 1 when there is nothing to communicate.  Every
+               assistant message counts, one that also calls a tool included (its text beside the call),
+               as τ² counts every assistant message with text.
+- ACTION:      1 if every gold action was called, else 0: same name and, on the gold action's
+               compare_args (when it has them) or else on the keys of the agent's own call (as τ²
+               compares), the same values on both sides.
 - NL_ASSERTION: only through an optional judge (`judge(task, assistant_messages) -> float`), reported
                separately and never part of the reward unless listed in reward_basis and a judge is set.
 The reward is the product of the components the task's `reward_basis` names.  An episode that did not
@@ -89,8 +92,11 @@ def action_reward(task: AirlineTask, tool_calls: Sequence[tuple[str, dict]]) -> 
         name, args = call
         if name != gold.name or not isinstance(args, dict):
             return False
-        keys = gold.compare_args if gold.compare_args is not None else tuple(gold.arguments)
-        return all(args.get(k) == gold.arguments.get(k) for k in keys)
+        keys = set(gold.compare_args if gold.compare_args is not None else args)
+        if not keys:
+            return True
+        mine = {k: v for k, v in args.items() if k in keys}
+        return mine == {k: v for k, v in gold.arguments.items() if k in keys}
 
     return float(all(any(matches(g, c) for c in tool_calls) for g in task.actions))
 

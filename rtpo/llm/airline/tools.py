@@ -24,8 +24,11 @@ Semantics kept from τ² (so gold solutions replay to the intended database):
   ones at today's fare, charges (or refunds) the difference to one payment method (not a certificate;
   a gift card must cover a charge) and leaves seat counts alone (as in τ²);
 - changing bags charges 50 per added non-free bag; passengers can be renamed, not added or removed.
-One deliberate difference: a one-stop search takes the second leg on the calendar day after the first
-when the first arrives "+1" (τ² builds the date string by adding 1 to the day number).
+Observations are the bytes τ² shows (`render_observation`: its models' field order, every optional
+field, its number types, `json.dumps`' separators); ids are matched exactly, as τ² does; a NaN or
+Infinity anywhere in a call's arguments is an error.  One deliberate difference: a one-stop search takes
+the second leg on the calendar day after the first when the first arrives "+1" (τ² builds the date
+string by adding 1 to the day number).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import collections
 import datetime as _dt
 import functools
 import json
+import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -145,15 +149,8 @@ _DATE = _desc(_S, "The date of the flight in the format 'YYYY-MM-DD', such as '2
 
 
 def _resolve(tx: Transaction, table: str, key: str) -> str | None:
-    """The stored key for `key`: exact, then stripped, then ignoring letter case (τ²'s ids are unique
-    up to case)."""
-    if tx.contains(table, key):
-        return key
-    k = key.strip()
-    if tx.contains(table, k):
-        return k
-    folded = k.casefold()
-    return next((c for c in tx.keys(table) if c.casefold() == folded), None)
+    """The stored key for `key`, matched exactly as τ² does (`"4wq150"` or `" 4WQ150"` is not found)."""
+    return key if tx.contains(table, key) else None
 
 
 def _user_key(tx: Transaction, user_id: str) -> str:
@@ -210,7 +207,11 @@ def list_all_airports(tx: Transaction) -> list[dict]:
     return [{"iata": code, "city": city} for code, city in AIRPORTS]
 
 
-def _direct(tx: Transaction, date: str, origin: str | None, destination: str | None, after: str | None) -> list[dict]:
+def _direct(
+    tx: Transaction, date: str, origin: str | None, destination: str | None, after: str | None, dated: bool = False
+) -> list[dict]:
+    """Available flights on `date` (τ²'s direct search: `date` is null in its results unless `dated`,
+    as a one-stop search fills it; a date no flight has, malformed or not, finds nothing)."""
     out = []
     for key in tx.keys("flights"):
         f = tx.get("flights", key)
@@ -231,7 +232,7 @@ def _direct(tx: Transaction, date: str, origin: str | None, destination: str | N
                 "status": "available",
                 "scheduled_departure_time_est": f["scheduled_departure_time_est"],
                 "scheduled_arrival_time_est": f["scheduled_arrival_time_est"],
-                "date": date,
+                "date": date if dated else None,
                 "available_seats": day["available_seats"],
                 "prices": day["prices"],
             }
@@ -239,26 +240,17 @@ def _direct(tx: Transaction, date: str, origin: str | None, destination: str | N
     return out
 
 
-def _check_date(date: str) -> None:
-    try:
-        _dt.date.fromisoformat(date)
-    except ValueError:
-        raise ToolError(f"date must be 'YYYY-MM-DD', got {date!r}") from None
-
-
 def search_direct_flight(tx: Transaction, origin: str, destination: str, date: str) -> list[dict]:
-    _check_date(date)
     return _direct(tx, date, origin, destination, None)
 
 
 def search_onestop_flight(tx: Transaction, origin: str, destination: str, date: str) -> list[list[dict]]:
-    _check_date(date)
     out = []
-    for first in _direct(tx, date, origin, None, None):
+    for first in _direct(tx, date, origin, None, None, dated=True):
         arrival = first["scheduled_arrival_time_est"]
         next_day = arrival.endswith("+1")
         date2 = (_dt.date.fromisoformat(date) + _dt.timedelta(days=1)).isoformat() if next_day else date
-        for second in _direct(tx, date2, first["destination"], destination, arrival.removesuffix("+1")):
+        for second in _direct(tx, date2, first["destination"], destination, arrival.removesuffix("+1"), dated=True):
             out.append([first, second])
     return out
 
@@ -585,8 +577,127 @@ TOOLS: dict[str, AirlineToolSpec] = {
 TOOL_SCHEMAS: tuple[dict, ...] = tuple(t.schema for t in TOOLS.values())
 
 
-def _render(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+# ---------------------------------------------------------------- observations as τ² shows them
+# τ² returns pydantic models and shows the agent `json.dumps(model.model_dump())`: the model's field
+# order (not the database's), every field (an absent optional one as null), ints and floats as its
+# fields declare them, json's default separators.  The shapes below are those models' fields.
+
+
+def _int(v: Any) -> Any:
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _float(v: Any) -> Any:
+    return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+def _pick(d: dict, fields: tuple) -> dict:
+    out = {}
+    for f in fields:
+        name, conv = f if isinstance(f, tuple) else (f, None)
+        v = d.get(name)
+        out[name] = conv(v) if conv is not None and v is not None else v
+    return out
+
+
+def _seats(d: Any) -> Any:
+    return {k: _int(v) for k, v in d.items()} if isinstance(d, dict) else d
+
+
+def _passenger(p: dict) -> dict:
+    return _pick(p, ("first_name", "last_name", "dob"))
+
+
+def _payment(p: dict) -> dict:
+    return _pick(p, ("payment_id", ("amount", _int)))
+
+
+def _method(m: dict) -> dict:
+    if m.get("source") == "credit_card":
+        return _pick(m, ("source", "id", "brand", "last_four"))
+    return _pick(m, ("source", "id", ("amount", _float)))
+
+
+def _flight_leg(f: dict) -> dict:
+    return _pick(f, ("flight_number", "origin", "destination", "date", ("price", _int)))
+
+
+def _reservation(r: dict) -> dict:
+    return _pick(
+        r,
+        (
+            "reservation_id", "user_id", "origin", "destination", "flight_type", "cabin",
+            ("flights", lambda v: [_flight_leg(x) for x in v]),
+            ("passengers", lambda v: [_passenger(x) for x in v]),
+            ("payment_history", lambda v: [_payment(x) for x in v]),
+            "created_at", ("total_baggages", _int), ("nonfree_baggages", _int), "insurance", "status",
+        ),
+    )  # fmt: skip
+
+
+def _user(u: dict) -> dict:
+    return _pick(
+        u,
+        (
+            "user_id",
+            ("name", lambda v: _pick(v, ("first_name", "last_name"))),
+            ("address", lambda v: _pick(v, ("address1", "address2", "city", "country", "state", "zip"))),
+            "email", "dob",
+            ("payment_methods", lambda v: {k: _method(m) for k, m in v.items()}),
+            ("saved_passengers", lambda v: [_passenger(x) for x in v]),
+            "membership", "reservations",
+        ),
+    )  # fmt: skip
+
+
+def _direct_flight(f: dict) -> dict:
+    return _pick(
+        f,
+        (
+            "flight_number", "origin", "destination", "status", "scheduled_departure_time_est",
+            "scheduled_arrival_time_est", "date", ("available_seats", _seats), ("prices", _seats),
+        ),
+    )  # fmt: skip
+
+
+_SHAPES: dict[str, Callable[[Any], Any]] = {
+    "get_user_details": _user,
+    "get_reservation_details": _reservation,
+    "book_reservation": _reservation,
+    "cancel_reservation": _reservation,
+    "update_reservation_flights": _reservation,
+    "update_reservation_baggages": _reservation,
+    "update_reservation_passengers": _reservation,
+    "search_direct_flight": lambda v: [_direct_flight(f) for f in v],
+    "search_onestop_flight": lambda v: [[_direct_flight(f) for f in pair] for pair in v],
+    "list_all_airports": lambda v: [_pick(a, ("iata", "city")) for a in v],
+}
+
+
+def render_observation(name: str, value: Any) -> str:
+    """The text τ² shows the agent for tool `name`'s result `value` (a string as it is)."""
+    if isinstance(value, str):
+        return value
+    shape = _SHAPES.get(name)
+    return json.dumps(shape(value) if shape is not None else value, default=str)
+
+
+def _non_finite(value: Any, path: str = "") -> str | None:
+    """The argument path of the first NaN or ±Infinity in a tool call's arguments (JSON lets a model write
+    them; no amount can be one), None when every number is finite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "argument"
+    if isinstance(value, dict):
+        children = [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+    elif isinstance(value, list):
+        children = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for where, v in children:
+        found = _non_finite(v, where)
+        if found:
+            return found
+    return None
 
 
 class AirlineTool(Tool):
@@ -604,9 +715,12 @@ class AirlineTool(Tool):
     def execute(self, arguments: dict, state: Any = None) -> ToolResult:
         if not isinstance(state, AirlineDB):
             raise TypeError(f"airline tool {self.name!r} needs the episode's AirlineDB as its state")
+        bad = _non_finite(arguments)
+        if bad is not None:
+            return ToolResult(f"Error: {bad} must be a finite number", ok=False)
         tx = state.transaction()
         try:
-            text = _render(self.spec.fn(tx, **arguments))
+            text = render_observation(self.name, self.spec.fn(tx, **arguments))
         except ToolError as e:
             return ToolResult(f"Error: {e}", ok=False)
         except (KeyError, TypeError, ValueError, ArithmeticError) as e:  # a record the data lacks: feedback

@@ -198,7 +198,7 @@ class HFEngine:
                 continue
             ids = torch.as_tensor(np.concatenate([c, r]), dtype=torch.long, device=self.device)[None]
             # the last r.size + 1 positions' logits (logits_to_keep), less the one after the response
-            logits = self.model(input_ids=ids, logits_to_keep=r.size + 1).logits[0, :-1]
+            logits = self.model(input_ids=ids, logits_to_keep=r.size + 1, use_cache=False).logits[0, :-1]
             lp = processed_logprobs(logits, self.sampling)
             out.append(lp.topk(self.entropy_top_k, dim=-1).values.double().cpu().numpy())
         return out
@@ -214,7 +214,7 @@ class HFEngine:
         out = []
         for c, r in zip(contexts, responses):
             ids = torch.as_tensor(np.concatenate([c, r]), dtype=torch.long, device=self.device)[None]
-            logits = self.model(input_ids=ids, logits_to_keep=r.size + 1).logits[0, :-1].float()
+            logits = self.model(input_ids=ids, logits_to_keep=r.size + 1, use_cache=False).logits[0, :-1].float()
             lp = torch.log_softmax(logits / temperature, dim=-1)
             target = torch.as_tensor(np.array(r), dtype=torch.long, device=self.device)
             out.append(lp.gather(1, target[:, None]).squeeze(1).double().cpu().numpy())

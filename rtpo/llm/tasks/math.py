@@ -1,6 +1,6 @@
 """Math tasks: local loaders for the public benchmark layouts, and a seeded arithmetic generator.
 
-Nothing is downloaded: point a loader at a file you have, in any format rtpo.data reads (JSONL, a JSON
+Nothing is downloaded: point a loader at a file you have, in any format rtpo.llm.data_files reads (JSONL, a JSON
 list, Parquet, Arrow, a `datasets` save_to_disk folder; docs/data.md).  `fields` ({question, answer, id}:
 column) points a layout at your own column names (dotted for nested columns).  A bad file is a one-line
 `MathDataError` naming the file, the line (row) and the field: non-UTF-8 bytes, invalid JSON, a record
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtpo.core.registry import Registry
-from rtpo.data import DataError, chat_text, read_records
 from rtpo.llm.chat import last_boxed
+from rtpo.llm.data_files import DataError, chat_text, read_records
 
 
 class MathDataError(DataError):
@@ -177,7 +177,7 @@ def load_math(
     fields: Mapping[str, str] | None = None,
     split: str | None = None,
 ) -> MathTask:
-    """Load a benchmark file (any rtpo.data format) in one of LAYOUTS; `limit` keeps the first items.
+    """Load a benchmark file (any rtpo.llm.data_files format) in one of LAYOUTS; `limit` keeps the first items.
 
     fields: {question|answer|id: column} overrides where the layout looks (dotted paths reach nested
     columns, e.g. {"answer": "reward_model.ground_truth"}); errors call it `task.fields`.

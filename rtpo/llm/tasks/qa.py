@@ -2,7 +2,7 @@
 a seeded generator of multi-hop questions written in the official HotpotQA format, and the corpus
 (`{id, title, text}` JSONL) a retriever indexes.
 
-Nothing is downloaded: point a loader at a file you have (any format rtpo.data reads: JSONL, a JSON
+Nothing is downloaded: point a loader at a file you have (any format rtpo.llm.data_files reads: JSONL, a JSON
 list, Parquet, Arrow, a datasets save_to_disk folder).  A bad file is a one-line `QADataError`
 naming the file, the record (line or 1-based position) and the field.
 
@@ -90,8 +90,8 @@ class QATask:
 
 
 def _records(path: str) -> Iterator[tuple[str, Any]]:
-    """(place, record) of a data file or datasets folder, read by rtpo.data (JSONL, JSON, Parquet, Arrow)."""
-    from rtpo.data import DataError, iter_raw
+    """(place, record) of a data file or datasets folder, read by rtpo.llm.data_files (JSONL, JSON, Parquet, Arrow)."""
+    from rtpo.llm.data_files import DataError, iter_raw
 
     try:
         yield from iter_raw(path)

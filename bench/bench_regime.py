@@ -1,0 +1,237 @@
+"""Does the regime diagnostic predict the winner on families it was not built on?  A held-out benchmark.
+
+Families: FAMILIES task sections drawn at random (a fixed stream, `family_section`) from the registered
+tabular kinds — the tool chain (K, A, advance probability, reward shape, Bernoulli or exact reward,
+early answers), the region chain (where an exogenous bit enters and how much of the reward it sets),
+random MDPs (states, branching, early ends, terminal-only or dense rewards) — under a softmax table
+or shared parameters (`policy: shared`).  None of them is a shipped scenario, and nothing below was
+tuned on them: both predictors are fixed by their derivation before the benchmark runs.
+
+Protocol, per family: RTPO (G = 3, one trunk) and GRPO (G = 8) at an equal rollout budget (ROLLOUTS),
+one PPO epoch each, Adam lr chosen per method from LRS by mean value/V* on TUNE_SEEDS tuning seeds, then
+REPORTED seeds (disjoint) at the chosen lr.  The winner is the higher mean value/V*; a family is *clear*
+when the two 95% t-intervals are apart, *close* otherwise.
+
+Predictors (rtpo.tabular.diagnostic, under the initial policy; Thm 2(b), Eq. 58):
+- `summed`: the existing index I_RTPO/I_GRPO, information per rollout summed over turns (> 1: RTPO).
+- `bottleneck`: per turn k, the rollouts each method needs per unit of turn-k information,
+  1/I_m(k) with I_GRPO(k) = p_k ρ²_G(k) and I_RTPO(k) = (G−1) p_k ρ²_R(k) / (1 + (G−1) Σ_j p_j); the
+  policy is learnt when every turn with something to learn is (Var(A_k) > 0), so a method's cost is
+  Σ_k 1/I_m(k) over those turns, dominated by its hardest turn rather than its easiest.  Index =
+  cost_GRPO / cost_RTPO (> 1: RTPO).
+Reported: each predictor's hit rate with a Wilson 95% interval, on clear and on close families.
+
+    python bench/bench_regime.py          # -> docs/results/regime_benchmark/regime.json (24 families × 32 runs)
+    python bench/bench_regime.py --table  # docs/results.md §1d's table, from that JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+FAMILIES = 24
+ROLLOUTS = 3000
+LRS = (0.1, 0.3, 1.0)
+TUNE_SEEDS = 2
+REPORTED = 10
+G_RTPO, G_GRPO = 3, 8
+
+
+def family_section(i: int) -> dict:
+    """The task section of family i (a fixed stream per family)."""
+    rng = np.random.default_rng(1000 + i)
+    kind = str(rng.choice(["tool_chain", "region_chain", "random"], p=[0.3, 0.4, 0.3]))
+    K = int(rng.integers(2, 9))
+    A = int(rng.integers(2, 5))
+    sec: dict = {"kind": kind, "num_turns": K, "num_actions": A, "seed": int(rng.integers(0, 1000))}
+    if kind in ("tool_chain", "region_chain"):
+        sec["p_advance"] = float(np.round(rng.uniform(0.5, 1.0), 2))
+        sec["sharpness"] = float(rng.choice([1.0, 2.0, 3.0]))
+        sec["bernoulli"] = bool(rng.random() < (0.5 if kind == "tool_chain" else 0.3))
+        sec["early_answer"] = bool(A >= 3 and rng.random() < 0.3)
+        if kind == "region_chain":
+            sec["w"] = float(np.round(rng.uniform(0.3, 0.95), 2))
+            sec["p_region"] = float(np.round(rng.uniform(0.2, 0.8), 2))
+    else:
+        sec["num_states"] = int(rng.integers(3, 9))
+        sec["branching"] = None if rng.random() < 0.5 else 2
+        sec["end_prob"] = float(rng.choice([0.0, 0.2]))
+        sec["terminal_reward_only"] = bool(rng.random() < 0.5)
+        sec["bernoulli_rewards"] = bool(rng.random() < 0.5)
+    sec["psi"] = "identity"
+    sec["policy"] = "shared" if rng.random() < 0.2 else "softmax"
+    return sec
+
+
+def scenario(task: dict, method: str, lr: float, seed: int) -> dict:
+    m = {"name": "rtpo", "G": G_RTPO, "trunks_per_query": 1} if method == "rtpo" else {"name": "grpo", "G": G_GRPO}
+    return {
+        "name": "regime-bench",
+        "seed": seed,
+        "backend": {"kind": "tabular"},
+        "task": task,
+        "method": {**m, "epochs": 1},
+        "budget": {"iterations": 100000, "queries_per_iteration": 16, "max_rollouts": ROLLOUTS},
+        "train": {"lr": lr, "optimizer": "adam"},
+        "eval": {"every": 100000},
+        "logging": {"progress": False, "plot": False, "checkpoint_every": 100000},
+    }
+
+
+def value(task: dict, method: str, lr: float, seed: int) -> float:
+    from rtpo.rundir.runner import run_in_memory
+    from rtpo.scenario.load import parse_scenario
+
+    res = run_in_memory(parse_scenario(scenario(task, method, lr, seed)), None, progress=False)
+    return float(res.summary["value_over_optimum"])
+
+
+def predictors(task: dict) -> dict:
+    from rtpo.scenario.load import parse_scenario
+    from rtpo.tabular.build import build_mdp, initial_policy
+    from rtpo.tabular.diagnostic import decompose
+
+    cfg = parse_scenario(scenario(task, "rtpo", 0.1, 0))
+    mdp = build_mdp(cfg.task)
+    dec = decompose(mdp, initial_policy(cfg, mdp))
+    learn = dec.var_adv > 1e-12 * max(float(dec.var_adv.max()), 1e-300)
+    i_g = dec.live * dec.rho2_grpo
+    i_r = (G_RTPO - 1) * dec.live * dec.rho2_sibling / (1 + (G_RTPO - 1) * dec.live.sum())
+    with np.errstate(divide="ignore"):
+        cost_g = float(np.sum(1.0 / i_g[learn])) if learn.any() else math.nan
+        cost_r = float(np.sum(1.0 / i_r[learn])) if learn.any() else math.nan
+    return {
+        "summed": float(dec.info_index(G_RTPO)),
+        "bottleneck": cost_g / cost_r if cost_r > 0 else math.nan,
+        "sigma_v2_share": (dec.sigma_v2 / dec.var_return).tolist() if dec.var_return > 0 else None,
+    }
+
+
+def t_interval(x: np.ndarray) -> tuple[float, float]:
+    from scipy import stats
+
+    m, s = float(x.mean()), float(x.std(ddof=1))
+    h = float(stats.t.ppf(0.975, x.size - 1)) * s / math.sqrt(x.size)
+    return m, h
+
+
+def wilson(hits: int, n: int) -> tuple[float, float] | None:
+    if n == 0:
+        return None
+    z, p = 1.96, hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Hits and Wilson 95% intervals per predictor on clear, close and all families, beside the base rate of
+    always naming the more frequent winner (a predictor worth printing must beat it)."""
+    summary: dict = {}
+    groups = {"clear": lambda r: r["clear"], "close": lambda r: not r["clear"], "all": lambda r: True}
+    for name in ("summed", "bottleneck", "always_grpo"):
+        for group, keep in groups.items():
+            sel = [r for r in rows if keep(r) and (name == "always_grpo" or r[f"{name}_call"] is not None)]
+            hits = sum(
+                (r["winner"] == "grpo") if name == "always_grpo" else (r[f"{name}_call"] == r["winner"]) for r in sel
+            )
+            ci = wilson(hits, len(sel))
+            summary[f"{name}/{group}"] = {
+                "families": len(sel),
+                "hits": hits,
+                "hit_rate": hits / len(sel) if sel else None,
+                "wilson95": list(ci) if ci else None,
+            }
+    return summary
+
+
+def table(payload: dict) -> str:
+    """The per-family markdown table of a regime benchmark payload (docs/results/regime_benchmark/regime.json)."""
+    lines = [
+        "| family | kind | K | A | policy | summed index | bottleneck index | RTPO value/V* | GRPO value/V* | contest | winner |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in payload["rows"]:
+        t = r["task"]
+        mark = {n: ("✓" if r[f"{n}_call"] == r["winner"] else "✗") for n in ("summed", "bottleneck")}
+        lines.append(
+            f"| {r['family']} | {t['kind']} | {t['num_turns']} | {t['num_actions']} | {t['policy']} | "
+            f"{r['summed']:.3g} {mark['summed']} | {r['bottleneck']:.3g} {mark['bottleneck']} | "
+            f"{r['rtpo']['mean']:.3f} ± {r['rtpo']['ci95']:.3f} | {r['grpo']['mean']:.3f} ± {r['grpo']['ci95']:.3f} | "
+            f"{'clear' if r['clear'] else 'close'} | {r['winner'].upper()} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from rtpo.core.threads import torch_threads
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--families", type=int, default=FAMILIES)
+    p.add_argument(
+        "--out",
+        default=str(Path(__file__).resolve().parents[1] / "docs" / "results" / "regime_benchmark" / "regime.json"),
+    )
+    p.add_argument("--table", action="store_true", help="print the markdown table of an existing --out JSON")
+    ns = p.parse_args(argv)
+    if ns.table:
+        print(table(json.loads(Path(ns.out).read_text())))
+        return
+    load0, t0 = os.getloadavg(), time.perf_counter()
+    rows = []
+    with torch_threads(1):
+        for i in range(ns.families):
+            task = family_section(i)
+            row: dict = {"family": i, "task": task, **predictors(task)}
+            for method in ("rtpo", "grpo"):
+                tune = {lr: np.mean([value(task, method, lr, 100 + s) for s in range(TUNE_SEEDS)]) for lr in LRS}
+                lr = max(LRS, key=lambda v: tune[v])  # ties: the first (smaller) lr
+                vals = np.array([value(task, method, lr, s) for s in range(REPORTED)])
+                m, h = t_interval(vals)
+                row[method] = {"lr": lr, "tuning": {str(k): float(v) for k, v in tune.items()}, "mean": m, "ci95": h}
+                row[method]["values"] = vals.tolist()
+            r, g = row["rtpo"], row["grpo"]
+            row["winner"] = "rtpo" if r["mean"] > g["mean"] else "grpo"
+            row["clear"] = bool(abs(r["mean"] - g["mean"]) > r["ci95"] + g["ci95"])
+            for name in ("summed", "bottleneck"):
+                idx = row[name]
+                row[f"{name}_call"] = None if not np.isfinite(idx) else ("rtpo" if idx > 1 else "grpo")
+            rows.append(row)
+            print(
+                f"family {i} {task['kind']} K={task['num_turns']}: rtpo {r['mean']:.3f}±{r['ci95']:.3f} "
+                f"grpo {g['mean']:.3f}±{g['ci95']:.3f} ({'clear' if row['clear'] else 'close'}); "
+                f"summed {row['summed']:.3g} bottleneck {row['bottleneck']:.3g}",
+                flush=True,
+            )
+    summary = summarise(rows)
+    out = {
+        "command": "python bench/bench_regime.py",
+        "protocol": {
+            "families": ns.families,
+            "rollouts": ROLLOUTS,
+            "lrs": list(LRS),
+            "tune_seeds": TUNE_SEEDS,
+            "reported_seeds": REPORTED,
+            "G_rtpo": G_RTPO,
+            "G_grpo": G_GRPO,
+        },
+        "summary": summary,
+        "rows": rows,
+        "wall_s": time.perf_counter() - t0,
+        "loadavg_before": list(load0),
+        "loadavg_after": list(os.getloadavg()),
+    }
+    Path(ns.out).write_text(json.dumps(out, indent=2) + "\n")
+    for k, v in summary.items():
+        print(f"{k}: {v['hits']}/{v['families']} (Wilson 95% {v['wilson95']})")
+
+
+if __name__ == "__main__":
+    main()

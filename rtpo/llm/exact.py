@@ -1,0 +1,294 @@
+"""Exact value of a language model's policy on an exact world (rtpo.llm.worlds), by enumeration.
+
+The decision contexts a chat episode can reach form a finite tree: a node is (turn k, MDP state s, the
+chat state S_k), its children are the canonical turns (action a, successor s') of positive probability.
+At each node the policy's probability of action a is the probability of a's canonical ids given the
+context c_k = ψ(S_k), teacher-forced:
+
+    π(a | c) = Π_t p_{T, top-p}(x_{a,t} | c ⊕ x_{a,<t})                       (the sampling distribution)
+
+where p_{T, top-p} is the engine's sampling distribution at the evaluation settings: softmax(logits / T)
+restricted to the nucleus (the most probable tokens whose mass first reaches top-p) and renormalised;
+T = 0 is greedy (probability 1 on the argmax).  The remaining mass m(c) = 1 − Σ_a π(a | c) is the
+malformed mass, which ends the episode with reward r_mal (rtpo.llm.worlds' rule).  Backward induction
+over the tree (Eq. 20 with the model's policy) then gives the exact value
+
+    V(node) = Σ_a π(a | c) [ r_k(s, a) + γ^{τ_k(s, a)} Σ_{s'} P(s' | s, a) V(child) ] + m(c) r_mal,
+    V^π = Σ_{s_0} init(s_0) V(root(s_0)).
+
+Contexts are scored in batches (`batch_tokens` padded tokens per forward pass, the pairs of one context
+together); identical contexts (a map that forgets history) are scored once.  `count_nodes` counts the
+tree from the MDP's arrays alone, before any token is built, so a world too large to enumerate is
+refused cheaply (ExactLimitError names the config key that raises the limit).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rtpo.llm.contexts import ChatState
+from rtpo.llm.worlds import World, WorldEnv
+
+
+class ExactLimitError(ValueError):
+    """More reachable decision contexts than the configured limit."""
+
+
+def count_nodes(world: World) -> np.ndarray:
+    """(K,) reachable decision nodes per turn (histories of canonical turns, any policy)."""
+    n = (np.asarray(world.init) > 0).astype(np.float64)
+    out = [n.sum()]
+    for k in range(world.num_turns - 1):
+        p = world.prob[k]
+        nxt = np.zeros(world.reward[k + 1].shape[0])
+        live = p > 0
+        s_idx, _, _ = np.nonzero(live)
+        np.add.at(nxt, world.succ[k][live], n[s_idx])
+        n = nxt
+        out.append(n.sum())
+    return np.asarray(out)
+
+
+@dataclass(frozen=True)
+class Tree:
+    """The reachable tree, level by level.  Level k: nodes' MDP states `s[k]` and chat states; edges
+    (node, action, child, probability) to level k+1; `ctx[k]`: each node's index into `contexts`."""
+
+    s: tuple[np.ndarray, ...]
+    states: tuple[tuple[ChatState, ...], ...]
+    edges: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    ctx: tuple[np.ndarray, ...]
+    contexts: tuple[np.ndarray, ...]
+    root_weight: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(len(x) for x in self.s)
+
+
+def enumerate_tree(env: WorldEnv, limit: int | None = None, key: str = "task.exact_max_contexts") -> Tree:
+    """Every reachable decision node of `env`'s world with its context ψ(S_k) (identical contexts shared)."""
+    w = env.world
+    counts = count_nodes(w)
+    if limit is not None and counts.sum() > limit:
+        raise ExactLimitError(
+            f"{key}: exact evaluation of task {w.kind!r} would enumerate {int(counts.sum()):,} decision contexts, "
+            f"more than {key.rsplit('.', 1)[-1]}={limit:,}; raise it, or set task.exact_fallback: sampled"
+        )
+    roots = np.flatnonzero(np.asarray(w.init) > 0)
+    s_levels = [roots.astype(np.int64)]
+    st_levels: list[tuple[ChatState, ...]] = [tuple(env.words.first_state(int(s)) for s in roots)]
+    edges = []
+    for k in range(w.num_turns - 1):
+        en, ea, ec, ep = [], [], [], []
+        ns, nst = [], []
+        for i, (s, st) in enumerate(zip(s_levels[k], st_levels[k])):
+            for a in range(w.num_actions):
+                row = w.prob[k][s, a]
+                for b in np.flatnonzero(row > 0):
+                    s2 = int(w.succ[k][s, a, b])
+                    en.append(i)
+                    ea.append(a)
+                    ec.append(len(ns))
+                    ep.append(float(row[b]))
+                    ns.append(s2)
+                    nst.append(env.words.after(st, k, a, s2))
+        edges.append(
+            (np.asarray(en, np.int64), np.asarray(ea, np.int64), np.asarray(ec, np.int64), np.asarray(ep, np.float64))
+        )
+        s_levels.append(np.asarray(ns, np.int64))
+        st_levels.append(tuple(nst))
+    index: dict[bytes, int] = {}
+    contexts: list[np.ndarray] = []
+    ctx_levels = []
+    for sts in st_levels:
+        ids = np.empty(len(sts), np.int64)
+        for i, st in enumerate(sts):
+            c = env.psi(st)
+            key_b = c.tobytes()
+            if key_b not in index:
+                index[key_b] = len(contexts)
+                contexts.append(c)
+            ids[i] = index[key_b]
+        ctx_levels.append(ids)
+    return Tree(
+        tuple(s_levels),
+        tuple(st_levels),
+        tuple(edges),
+        tuple(ctx_levels),
+        tuple(contexts),
+        np.asarray(w.init, np.float64)[roots],
+    )
+
+
+def policy_value(world: World, tree: Tree, pi: np.ndarray, malformed_reward: float = 0.0) -> float:
+    """V^π by backward induction over the tree; pi: (num contexts, A) action probabilities (rows may sum
+    to less than 1: the rest is malformed mass, which ends the episode with malformed_reward)."""
+    K, A = world.num_turns, world.num_actions
+    pi = np.asarray(pi, dtype=np.float64)
+    v_next = None
+    for k in range(K - 1, -1, -1):
+        s = tree.s[k]
+        q = world.reward[k][s].astype(np.float64).copy()  # (n, A)
+        if k < K - 1:
+            en, ea, ec, ep = tree.edges[k]
+            cont = np.zeros((s.size, A))
+            np.add.at(cont, (en, ea), ep * v_next[ec])
+            q += (world.gamma ** world.tau[k][s].astype(np.float64)) * cont
+        p = pi[tree.ctx[k]]
+        v_next = (p * q).sum(axis=1) + (1.0 - p.sum(axis=1)) * malformed_reward
+    return float(tree.root_weight @ v_next)
+
+
+def sampling_logprobs(logits: Any, targets: Any, temperature: float, top_p: float) -> Any:
+    """log p_{T, top-p}(target) per position (torch tensors (..., V) and (...)); -inf outside the nucleus."""
+    import torch
+
+    logits = logits.float()
+    if temperature == 0:
+        hit = logits.argmax(-1) == targets
+        return torch.where(hit, 0.0, float("-inf"))
+    log_p = torch.log_softmax(logits / temperature, dim=-1)
+    lp = log_p.gather(-1, targets[..., None]).squeeze(-1)
+    if top_p >= 1.0:
+        return lp
+    p = log_p.exp()
+    # the nucleus (vLLM's rule): a token is kept when the tokens more probable than it hold less than
+    # top_p; the kept mass renormalises the distribution
+    p_t = p.gather(-1, targets[..., None])
+    kept = (p * (p > p_t)).sum(-1) < top_p
+    mass = _nucleus_mass(p, top_p)
+    return torch.where(kept, lp - torch.log(mass), float("-inf"))
+
+
+def _nucleus_mass(p: Any, top_p: float) -> Any:
+    """The probability mass of the nucleus at each position: sorted descending, the tokens whose
+    predecessors hold less than top_p."""
+    import torch
+
+    srt, _ = torch.sort(p, dim=-1, descending=True)
+    before = srt.cumsum(-1) - srt
+    return (srt * (before < top_p)).sum(-1)
+
+
+class ExactEvaluator:
+    """The exact value of a model's policy on env's world (module docstring), with its cost.
+
+    model:          a causal LM (HF) whose weights are the policy's; `load` replaces them (a state dict).
+    temperature, top_p: the evaluation sampling settings (the engine's, so the value is that policy's).
+    batch_tokens:   padded tokens per forward pass.
+    limit:          most decision nodes enumerated (ExactLimitError naming `key` beyond it).
+    """
+
+    def __init__(
+        self,
+        env: WorldEnv,
+        model: Any,
+        temperature: float,
+        top_p: float = 1.0,
+        batch_tokens: int = 16384,
+        limit: int | None = None,
+        key: str = "task.exact_max_contexts",
+        malformed_reward: float = 0.0,
+    ) -> None:
+        self.env = env
+        self.model = model
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.batch_tokens = int(batch_tokens)
+        self.malformed_reward = float(malformed_reward)
+        self.tree = enumerate_tree(env, limit, key)
+        self.actions = env.words.canonical
+        self.pad_id = int(getattr(getattr(model, "config", None), "pad_token_id", None) or 0)
+
+    def action_logprobs(self, contexts: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        """(num contexts, A) log π(a | c) of every context (default: the tree's) and action."""
+        import torch
+
+        contexts = self.tree.contexts if contexts is None else contexts
+        A = len(self.actions)
+        x_len = np.array([x.size for x in self.actions])
+        r_max = int(x_len.max())
+        out = np.empty((len(contexts), A))
+        order = np.argsort([c.size for c in contexts], kind="stable")  # similar lengths share a batch
+        was_training = getattr(self.model, "training", False)
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                i = 0
+                while i < len(order):
+                    width = int(contexts[order[i]].size) + r_max
+                    j = i + 1
+                    while j < len(order) and (j - i + 1) * A * (int(contexts[order[j]].size) + r_max) <= max(
+                        self.batch_tokens, A * width
+                    ):
+                        j += 1
+                    rows = order[i:j]
+                    out[rows] = self._score([contexts[r] for r in rows], x_len, r_max)
+                    i = j
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _score(self, ctxs: list[np.ndarray], x_len: np.ndarray, r_max: int) -> np.ndarray:
+        """Left-padded rows c ⊕ x_a, each action's tokens at the last positions (its tail padded after)."""
+        import torch
+
+        A = len(self.actions)
+        n = len(ctxs)
+        width = max(c.size for c in ctxs) + r_max
+        ids = np.full((n * A, width), self.pad_id, np.int64)
+        att = np.zeros((n * A, width), np.int64)
+        tgt = np.zeros((n * A, r_max), np.int64)
+        mask = np.zeros((n * A, r_max), bool)
+        for i, c in enumerate(ctxs):
+            for a, x in enumerate(self.actions):
+                row = i * A + a
+                full = np.concatenate([c, x])
+                lo = width - r_max - c.size  # contexts end at the same column; actions follow, right-padded
+                ids[row, lo : lo + full.size] = full
+                att[row, lo : lo + full.size] = 1
+                tgt[row, : x.size] = x
+                mask[row, : x.size] = True
+        input_ids = torch.as_tensor(ids)
+        attention = torch.as_tensor(att)
+        position = (attention.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position).logits
+        # position width - r_max - 1 + t predicts action token t
+        pred = logits[:, width - r_max - 1 : width - 1]
+        lp = sampling_logprobs(pred, torch.as_tensor(tgt), self.temperature, self.top_p)
+        lp = torch.where(torch.as_tensor(mask), lp, 0.0)
+        return lp.sum(-1).double().numpy().reshape(n, A)
+
+    def __call__(self) -> dict[str, float]:
+        """eval/value (exact), eval/v_star, eval/value_ratio, eval/malformed_mass (the policy's probability
+        of a malformed turn at the first context) and the cost: contexts, tokens, seconds."""
+        t0 = time.perf_counter()
+        logp = self.action_logprobs()
+        pi = np.exp(logp)
+        value = policy_value(self.env.world, self.tree, pi, self.malformed_reward)
+        secs = time.perf_counter() - t0
+        A = len(self.actions)
+        tokens = sum(int(c.size) * A for c in self.tree.contexts) + len(self.tree.contexts) * int(
+            sum(x.size for x in self.actions)
+        )
+        v_star = self.env.world.v_star
+        root = self.tree.ctx[0]
+        return {
+            "eval/value": value,
+            "eval/v_star": v_star,
+            "eval/value_ratio": value / v_star if v_star else float("nan"),
+            "eval/malformed_mass": float(self.tree.root_weight @ (1.0 - pi[root].sum(axis=1))),
+            "eval/exact_contexts": float(len(self.tree.contexts)),
+            "eval/exact_nodes": float(self.tree.num_nodes),
+            "eval/exact_tokens": float(tokens),
+            "time/exact_eval_s": secs,
+        }
+
+
+__all__ = ["ExactEvaluator", "ExactLimitError", "Tree", "count_nodes", "enumerate_tree", "policy_value"]
