@@ -10,7 +10,7 @@ what the test checks; the tabular workers never touch a device.  The scenario is
 with the layout of scenarios/llm/qwen3-8b-2x8.yaml in miniature: two 1-GPU rollout workers and two
 1-GPU trainer ranks in one placement group, PACK (so each kind fills one node, three stand by).
 
-One `rtpo run` (rtpo.run.run_scenario) loses three whole nodes (SIGKILL of raylet, object store and
+One `rtpo run` (rtpo.rundir.runner.run_scenario) loses three whole nodes (SIGKILL of raylet, object store and
 workers): the rollout workers' node as the 3rd chunk of the 1st sibling rollout goes out, the node they
 were re-placed on as the 3rd weight sync begins, and the trainer's node as the 12th train step is issued
 (iteration 1).  The run stops with TrainerFailure after its last checkpoint and `run_scenario(resume=...)`
@@ -29,11 +29,11 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
-import rtpo.run
-from rtpo.config import load_scenario
+import rtpo.rundir.runner as runner
 from rtpo.distributed import TrainerFailure
 from rtpo.distributed.pool import RayRolloutPool
 from rtpo.distributed.trainer import RayLearner
+from rtpo.scenario.load import load_scenario
 
 NODE = {"num_cpus": 2, "num_gpus": 2}
 NODES = ("a", "b", "c", "d", "e")  # two hold the layout, three stand by for the three losses
@@ -111,7 +111,7 @@ class Harness:
         self.cluster.remove_node(self.nodes.pop(name), allow_graceful=False)
 
     def lines(self) -> list:
-        return rtpo.run.read_metrics(self.run_dir) if getattr(self, "run_dir", None) else []
+        return runner.read_metrics(self.run_dir) if getattr(self, "run_dir", None) else []
 
     def patch(self, owner, attr, wrapper) -> None:
         original = getattr(owner, attr)
@@ -207,7 +207,7 @@ def main() -> None:
     tmp = out.parent / "runs"
     t0 = time.perf_counter()
     report: dict = {
-        "reference": summary(rtpo.run.run_scenario(scenario("sharded"), out_root=tmp / "ref", progress=False))
+        "reference": summary(runner.run_scenario(scenario("sharded"), out_root=tmp / "ref", progress=False))
     }
     report["reference_s"] = time.perf_counter() - t0
     h = Harness()
@@ -219,23 +219,23 @@ def main() -> None:
         try:
             # the run folder is known once it exists: the kill records read its metric lines from there
             cfg = scenario("ray", h.cluster.address)
-            original_new = rtpo.run._new_run_dir
+            original_new = runner._new_run_dir
 
-            def new_run_dir(root, c):
-                h.run_dir = original_new(root, c)
+            def new_run_dir(*a, **kw):
+                h.run_dir = original_new(*a, **kw)
                 return h.run_dir
 
-            rtpo.run._new_run_dir = new_run_dir
-            rtpo.run.run_scenario(cfg, out_root=tmp / "ray", progress=False)
+            runner._new_run_dir = new_run_dir
+            runner.run_scenario(cfg, out_root=tmp / "ray", progress=False)
         except TrainerFailure as e:
             failure = str(e)
         finally:
-            rtpo.run._new_run_dir = original_new
+            runner._new_run_dir = original_new
             h.unpatch()
         report["failure"] = failure
-        report["lines_before_resume"] = len(rtpo.run.read_metrics(h.run_dir))
+        report["lines_before_resume"] = len(runner.read_metrics(h.run_dir))
         report["first_run_s"] = time.perf_counter() - t0
-        resumed = rtpo.run.run_scenario(None, resume=h.run_dir, progress=False)
+        resumed = runner.run_scenario(None, resume=h.run_dir, progress=False)
         report["resumed"] = summary(resumed)
         report["placement"] = h.placement
         report["events"] = h.events
