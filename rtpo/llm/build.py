@@ -441,6 +441,7 @@ def learner_config(cfg: ScenarioConfig) -> Any:
         param_dtype=b.param_dtype,
         mixed_precision=b.mixed_precision,
         gradient_checkpointing=b.gradient_checkpointing,
+        peak_flops=b.peak_flops,
     )
 
 
