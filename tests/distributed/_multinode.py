@@ -87,12 +87,24 @@ def node_of(actor, timeout_s: float = 180.0) -> str:
             time.sleep(0.2)
 
 
+def _started(add, attempts: int = 3):
+    """Ray waits a fixed 30 s for a new raylet to register; on a machine loaded by other work that can
+    pass, so a node start is tried up to three times (as rtpo.distributed.init_ray does for a local one)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return add()
+        except Exception as e:  # ray raises a bare Exception for this timeout
+            if attempt == attempts or "timed out during startup" not in str(e):
+                raise
+
+
 class Harness:
     """The cluster, the node names, and patches that kill a node from inside the driver's own calls."""
 
     def __init__(self) -> None:
-        self.cluster = Cluster(initialize_head=True, head_node_args=HEAD)
-        self.nodes = {name: self.cluster.add_node(**NODE) for name in NODES}
+        self.cluster = Cluster()
+        _started(lambda: self.cluster.add_node(**HEAD))
+        self.nodes = {name: _started(lambda: self.cluster.add_node(**NODE)) for name in NODES}
         self.cluster.wait_for_nodes()
         self.patches: list = []
         self.ctx = None  # the run's RayRunContext (recorded by the distribute patch)
