@@ -784,18 +784,19 @@ def launch_learner(
     world_size: int = 1,
     backend: str | None = None,
     threads_per_rank: int | None = None,
+    device: str | torch.device | None = None,
 ) -> FSDPLearner:
     """Rank 0's learner in this (driver) process, with ranks 1..N−1 spawned as worker processes.
 
     Call `close()` on the result to stop the workers.  threads_per_rank bounds torch's intra-op
-    threads in every rank (useful when N ranks share a few CPU cores).
+    threads in every rank (useful when N ranks share a few CPU cores).  device: rank 0's (FSDPLearner).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if threads_per_rank:
         torch.set_num_threads(threads_per_rank)
     if world_size == 1:
-        return FSDPLearner(model_path, cfg, rank=0, world_size=1, backend=backend)
+        return FSDPLearner(model_path, cfg, rank=0, world_size=1, backend=backend, device=device)
     import multiprocessing as mp
 
     addr, port = "127.0.0.1", _free_port()
@@ -810,6 +811,6 @@ def launch_learner(
         )
         p.start()
         procs.append(p)
-    learner = FSDPLearner(model_path, cfg, rank=0, world_size=world_size, backend=backend)
+    learner = FSDPLearner(model_path, cfg, rank=0, world_size=world_size, backend=backend, device=device)
     learner._workers = procs
     return learner
