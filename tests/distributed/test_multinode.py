@@ -15,9 +15,12 @@ What the design promises (docs/distributed.md, Failures) and these tests check:
   with exactly the metric lines (no line missing or repeated, the same rollout counts) and final value
   of the undisturbed run.
 
-Mutants that turn these red: in PullPool._map, dropping `queue.appendleft(c)` (a lost chunk is never
-re-run: the run hangs or loses rollouts); giving a re-run chunk a fresh rng key in ShardedSampler (the
-lines differ); not checkpointing the sampler weights in the runner (the resumed run differs).
+Mutants these are meant to catch (not run: one run of this module takes ~6 min on the loaded 2-core
+machine): in PullPool._map, dropping `queue.appendleft(c)` (a chunk lost in flight is never re-run);
+giving a re-run chunk a fresh rng key in ShardedSampler (the lines differ); not checkpointing the sampler
+weights in the runner (the resumed run differs).  The defect it did catch: Ray's OwnerDiedError escaping
+the runner's checkpoint when the trainer's node took the workers' weights with it (now a TrainerFailure,
+rtpo.distributed.runner).
 """
 
 from __future__ import annotations
