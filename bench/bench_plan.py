@@ -110,11 +110,16 @@ def _iterations(run_dir: Path) -> list[dict]:
     for i in sorted({r["iteration"] for r in rows}):
         last = [r for r in rows if r["iteration"] == i][-1]
         evals = sum(r.get("time/eval_s", 0.0) for r in rows if r["iteration"] == i)
+        mine = [r for r in rows if r["iteration"] == i]
         out.append(
             {
                 "generated_tokens": last["budget/tokens"] - prev_tok,
                 "rollouts": last["budget/rollouts"] - prev_roll,
                 "time_s": last["time/elapsed_s"] - prev_t - evals,
+                # the parts as the phase lines report them (generation timed by the sampler, training
+                # and the ratio pass by the learner)
+                "generate_s": sum(r.get("time/generate_s", 0.0) for r in mine),
+                "train_s": sum(r.get("time/train_s", 0.0) + r.get("time/logprobs_s", 0.0) for r in mine),
             }
         )
         prev_tok, prev_roll, prev_t = last["budget/tokens"], last["budget/rollouts"], last["time/elapsed_s"]
@@ -142,6 +147,8 @@ def cpu_runs(hw) -> dict:
                 "generated_tokens": it["generated_tokens"],
                 "rollouts": it["rollouts"],
                 "time_s": it["time_s"],
+                "generate_s": it["generate_s"] + it["prefill_s"],
+                "train_s": it["train_s"],
                 "host_bytes": p.devices[0].total,
             },
             "tokens_exact": all(x["generated_tokens"] == it["generated_tokens"] for x in its),
@@ -180,7 +187,7 @@ def paper() -> dict:
 
     reach = fit(1.0)
     tok, wall = ratios(reach)
-    sensitivity = {str(f): ratios(fit(f), f)[1] for f in (0.5, 0.25, 0.1)}
+    sensitivity = {f"fill_{f:g}".replace(".", "_"): ratios(fit(f), f)[1] for f in (0.5, 0.25, 0.1)}
     fit80 = plan(load_scenario(QWEN8), "A100-80GB")
     fit40 = plan(load_scenario(QWEN8), "A100-40GB")
     return {
@@ -230,7 +237,8 @@ def main() -> None:
         "paper": paper(),
     }
     if not ns.skip_runs:
-        out["cpu"] = cpu_runs(hw)
+        out["cpu"] = {"loadavg_before": load_before, "calibration": cal, **cpu_runs(hw)}
+        out["cpu"]["loadavg_after"] = os.getloadavg()
     out["loadavg_after"] = os.getloadavg()
     path = HERE / "plan.json"
     if ns.skip_runs and path.is_file():  # keep the last CPU runs

@@ -81,3 +81,26 @@ def test_folders_that_cannot_be_compared_are_one_line_errors(earlier, tmp_path, 
         assert __import__("re").search(pattern, err), err
     assert rtpo_main(["compare", "--runs", str(runs[0]), "method.G=4"]) == 2
     assert "takes no scenario, override or option" in capsys.readouterr().err
+
+
+def test_runs_of_one_seed_count_as_one_seed_with_a_warning(earlier, tmp_path, capsys):
+    """Three folders of one seed (the same run given thrice, or copies of it) used to report '3 seeds
+    ± 0.000'; they are one seed: counted once, with a warning naming the duplicates.  Fails before."""
+    import shutil
+
+    _, runs, _ = earlier
+    from rtpo.scenario.load import load_scenario
+
+    (one,) = [r for r in runs if load_scenario(r / "config.yaml").method.name == "rtpo" and "seed0" in r.name] or [
+        next(r for r in runs if load_scenario(r / "config.yaml").method.name == "rtpo")
+    ]
+    copy = tmp_path / "copy"
+    shutil.copytree(one, copy)
+    assert rtpo_main(["compare", "--runs", str(one), str(one), str(copy), "--out", str(tmp_path / "x")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: --runs") == 2 and "counted once" in err, err
+    out = next((tmp_path / "x").glob("compare-runs-*"))
+    payload = json.loads((out / "comparison.json").read_text())
+    (row,) = payload["rows"]
+    assert len(row["per_seed"]) == 1, row["per_seed"]
+    assert payload["seeds"] == 1

@@ -229,3 +229,13 @@ def test_llm_scenario_without_the_llm_extra_is_one_line(tmp_path):
         assert r.stderr.count("\n") == 1 and "needs the llm extra" not in r.stderr, r.stderr[-1500:]
         assert "need the llm extra (pip install 'rtpo[llm]')" in r.stderr, r.stderr[-1500:]
     assert not (tmp_path / "runs").exists()
+
+
+def test_full_scale_llm_scenarios_set_the_prompt_limit_their_header_states():
+    """Every shipped Qwen3 scenario's header states E.3's 8,192-token prompt limit; the math ones used to
+    leave task.max_context_tokens unset (no limit but max_model_len - 1 = 12,287).  Fails before."""
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "scenarios" / "llm").glob("qwen3-*.yaml")):
+        assert "8192" in path.read_text(), f"{path.name}: its header no longer states the E.3 prompt limit"
+        assert load_scenario(path).task.max_context_tokens == 8192, f"{path.name}: task.max_context_tokens unset"

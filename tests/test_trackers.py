@@ -297,3 +297,103 @@ def test_a_tracker_added_on_resume_gets_the_whole_run(tmp_path):
     (seg,) = segments(run_dir)
     assert sorted(seg["history"]) == steps
     assert seg["config"]["budget"]["iterations"] == 3  # the scenario as it now runs, once
+
+
+_AUDIT = """
+import json, os, socket, sys
+log = open(os.environ["S27_CONNECT_LOG"], "a")
+def local(addr):
+    return isinstance(addr, (str, bytes)) or (isinstance(addr, tuple) and str(addr[0]) in ("127.0.0.1", "::1", "localhost"))
+def hook(event, args):
+    if event == "socket.connect" and not local(args[1]):
+        log.write(json.dumps({"pid": os.getpid(), "addr": repr(args[1])}) + "\\n"); log.flush()
+        raise OSError("s27: outbound connection refused by the test")
+    if event == "socket.getaddrinfo" and str(args[0]) not in ("localhost", "127.0.0.1", "::1", "None"):
+        log.write(json.dumps({"pid": os.getpid(), "lookup": repr(args[0])}) + "\\n"); log.flush()
+sys.addaudithook(hook)
+from rtpo.commands.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_no_tracker_makes_any_outbound_connection_attempt(tmp_path):
+    """'Every tracker writes locally only': a run with all five trackers, an HTTP(S) proxy in the
+    environment (which every HTTP client, Python's or W&B's Go core, would use for a connection it makes)
+    and an audit hook on socket.connect/getaddrinfo in the run's process.  The proxy is a listening socket
+    of this test: any connection to it, and any non-local connect or name lookup the hook sees, fails the
+    test naming it.  Before the fix W&B (offline) and MLflow reached for telemetry hosts."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    pytest.importorskip("trackio")
+    proxy = socket.socket()
+    proxy.bind(("127.0.0.1", 0))
+    proxy.listen(16)
+    proxy.settimeout(0.2)
+    hits: list[bytes] = []
+    done = threading.Event()
+
+    def serve():
+        while not done.is_set():
+            try:
+                conn, _ = proxy.accept()
+            except OSError:
+                continue
+            conn.settimeout(2)
+            try:
+                hits.append(conn.recv(200))
+            except OSError:
+                hits.append(b"(connected)")
+            conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    url = f"http://127.0.0.1:{proxy.getsockname()[1]}"
+    log = tmp_path / "connects.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_", "TRACKIO_", "HF_"))}
+    env.update(
+        {
+            "HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url, "ALL_PROXY": url,
+            "NO_PROXY": "", "no_proxy": "", "S27_CONNECT_LOG": str(log), "HOME": str(tmp_path / "home"),
+            "TRACKIO_DIR": str(tmp_path / "trackio"), "PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[1]),
+        }
+    )  # fmt: skip
+    argv = [*SMALL, "budget.iterations=2", "logging.trackers=[jsonl, tensorboard, wandb, trackio, mlflow]"]
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", _AUDIT, "run", *argv, "--out", str(tmp_path / "runs"), "--no-progress"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+    finally:
+        done.set()
+        t.join(timeout=5)
+        proxy.close()
+    assert r.returncode == 0, r.stderr[-3000:]
+    attempts = log.read_text().splitlines() if log.exists() else []
+    assert attempts == [], f"outbound connection attempts from the run's process: {attempts[:5]}"
+    assert hits == [], f"connections through the proxy (telemetry or update checks): {hits[:5]}"
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
+def test_a_tracker_folder_that_cannot_be_made_is_exit_2_one_line(tracker, tmp_path, capsys):
+    """A file where the tracker's folder goes (as a read-only or full disk would): exit 2 and one line
+    naming the tracker and the path, instead of the library's traceback.  Fails before."""
+    pytest.importorskip({"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}[tracker])
+    from rtpo.commands.cli import main
+
+    run = run_scenario(load_scenario(None, [*SMALL, "budget.iterations=1"]), out_root=tmp_path, progress=False).run_dir
+    (run / tracker).write_text("in the way\n")
+    rc = main(
+        ["run", "--resume", str(run), "budget.iterations=2", f"logging.trackers=[jsonl, {tracker}]", "--no-progress"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"logging.trackers: {tracker} cannot write its folder {run / tracker}" in err, err

@@ -91,12 +91,13 @@ def resolve_target(
     raise ConfigError(f"{target}: neither a run folder ({CONFIG}) nor a HF model folder (config.json)")
 
 
-def load_checkpoint_policy(checkpoint: Path, learner: Any) -> dict[str, Any]:
-    """Load the learner state of a run checkpoint (as `rtpo run --resume` does); returns where the run
-    was (iteration, global phase).  Only the policy is needed: the sampler, rng and budget are not."""
+def load_checkpoint_policy(checkpoint: Path, learner: Any, state: dict | None = None) -> dict[str, Any]:
+    """Load the learner state of a run checkpoint (as `rtpo run --resume` does; `state`: the checkpoint
+    read and verified already); returns where the run was (iteration, global phase).  Only the policy is
+    needed: the sampler, rng and budget are not."""
     from rtpo.rundir.checkpoint import read_checkpoint
 
-    state = read_checkpoint(Path(checkpoint))
+    state = read_checkpoint(Path(checkpoint)) if state is None else state
     learner.load_state_dict(state["learner"])
     prog = state.get("progress", {})
     return {
@@ -130,12 +131,19 @@ def evaluate_target(
     seed: int | None = None,
     threshold: float | None = None,
     chunk_problems: int | None = None,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """Build the target's backend, load its policy, sample and score; returns the report (plain data).
+
+    A run folder's checkpoint is read and verified (digests, rtpo.rundir.checkpoint) before anything is
+    built.  The libraries' log lines (vLLM, transformers, Ray, warnings) go to the run's RUN/logs/, not
+    the console (other targets: dropped unless the evaluation fails); `verbose` shows them.
 
     samples defaults to max(ks); queries to the whole split (or the backend's default count when the
     split has no fixed problem set), "all" = the whole split; seed to the scenario seed + 7919 (the
     seed of the in-run evaluation)."""
+    from rtpo.rundir.checkpoint import read_checkpoint
+    from rtpo.rundir.logs import library_logs
     from rtpo.scenario.backends import build_backend
     from rtpo.scenario.load import ConfigError
 
@@ -147,7 +155,19 @@ def evaluate_target(
     if ks[-1] > samples:
         raise ConfigError(f"--k: k={ks[-1]} > --samples {samples} (pass@k needs at least k samples per problem)")
     t0 = time.perf_counter()
-    built = build_backend(cfg)
+    state = read_checkpoint(Path(target.checkpoint)) if target.checkpoint else None  # refused before building
+    with library_logs(verbose) as libs:
+        if target.run_dir is not None:
+            libs.attach(target.run_dir)
+        return _evaluate_built(
+            target, build_backend(cfg), state, ks, samples, queries, split, seed, threshold, chunk_problems, t0
+        )
+
+
+def _evaluate_built(target, built, state, ks, samples, queries, split, seed, threshold, chunk_problems, t0) -> dict:
+    from rtpo.scenario.load import ConfigError
+
+    cfg = target.cfg
     try:
         spec = built.sampled_eval
         if spec is None:
@@ -163,7 +183,7 @@ def evaluate_target(
                 raise ConfigError(f"--queries: must be >= 1 or 'all', got {queries}")
             if size is not None and count > size:
                 raise ConfigError(f"--queries: {count} > the {size} problems of the {split} split")
-        ckpt = load_checkpoint_policy(target.checkpoint, built.ctx.learner) if target.checkpoint else None
+        ckpt = load_checkpoint_policy(target.checkpoint, built.ctx.learner, state) if target.checkpoint else None
         seed = cfg.seed + IN_RUN_SEED_OFFSET if seed is None else int(seed)
         res = sample_and_score(spec, np.arange(count, dtype=np.int64), samples, seed, split, threshold, chunk_problems)
         exact = spec.exact() if spec.exact is not None else None
@@ -288,6 +308,11 @@ def _parser() -> OneLineParser:
     p.add_argument("--chunk", type=int, metavar="P", help="problems per rollout call (default: all at once)")
     p.add_argument("--scenario", metavar="FILE", help="with a HF model folder TARGET: the scenario to evaluate it in")
     p.add_argument("--out", metavar="FILE", help="JSON report (default: RUN/eval.json, or ./eval-<name>.json)")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show vLLM/Ray/transformers log lines and warnings on the console (default: a run's RUN/logs/)",
+    )
     add_plugin_option(p)
     return p
 
@@ -335,7 +360,7 @@ def command(ns: argparse.Namespace) -> int:
         plugins.load(getattr(ns, "plugin", None), "--plugin")  # a run folder's recorded ones load with its config
         tgt = resolve_target(target, overrides, ns.scenario, ns.iter)
         out = Path(ns.out) if ns.out else default_out(tgt, ns.split)
-        report = evaluate_target(tgt, ks, ns.samples, queries, ns.split, ns.seed, ns.threshold, ns.chunk)
+        report = evaluate_target(tgt, ks, ns.samples, queries, ns.split, ns.seed, ns.threshold, ns.chunk, ns.verbose)
     except (ConfigError, ValueError) as e:
         return _fail(str(e))
     print(format_table(report))

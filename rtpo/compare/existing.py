@@ -12,6 +12,7 @@ first differing key is named.  The budget is not imposed here: the table says ea
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from rtpo.compare.jobs import Job
@@ -80,12 +81,21 @@ def from_runs(paths: list[str]) -> tuple[list[Outcome], dict]:
                     f"{fixed[0].get(key)!r}); runs compared side by side differ only in {', '.join(FREE)}"
                 )
     outcomes = []
+    first: dict[tuple[str, int], Path] = {}  # (row, seed) -> the run counted for it
     for run, (cfg, summary, metrics, settings), lab in zip(runs, loaded, _labels(configs)):
+        seed = int(cfg["seed"])
+        if (lab, seed) in first:  # not an independent sample: three runs of one seed are one seed
+            print(
+                f"warning: --runs {run}: seed {seed} of {lab} again (as {first[lab, seed]}); counted once",
+                file=sys.stderr,
+            )
+            continue
+        first[lab, seed] = run
         job = Job(
             label=lab,
             method=cfg["method"]["name"],
             sweep=None,
-            seed=int(cfg["seed"]),
+            seed=seed,
             data=cfg,
             out_root=str(run.parent),
             G=settings.get("G"),
@@ -107,6 +117,6 @@ def from_runs(paths: list[str]) -> tuple[list[Outcome], dict]:
         "seeds": seeds,
         "sweep_key": None,
         "order": [(None, lab) for lab in labels],
-        "runs": [str(r) for r in runs],
+        "runs": [str(r) for r in first.values()],
     }
     return outcomes, meta

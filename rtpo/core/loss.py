@@ -125,9 +125,11 @@ class FlatBatch:
             _, seq_index = np.unique(seq_id, return_inverse=True)
         token_seq = np.repeat(seq_index, lengths)
         num_seqs = int(seq_index.max()) + 1 if seq_index.size else 0
+        # a host copy, then one move: torch.tensor(..., device=) would build the tensor below torch's
+        # dispatch, where a device check (tests/llm/device_guard.py) cannot see it
         return FlatBatch(
-            old_logp=torch.tensor(batch.old_logp.values, dtype=dtype, device=device),
-            advantages=torch.tensor(batch.advantages.values, dtype=dtype, device=device),
+            old_logp=torch.tensor(batch.old_logp.values, dtype=dtype).to(device),
+            advantages=torch.tensor(batch.advantages.values, dtype=dtype).to(device),
             weight=torch.as_tensor(np.repeat(batch.weight, lengths), dtype=dtype, device=device),
             token_seq=torch.as_tensor(token_seq, dtype=torch.int64, device=device),
             num_seqs=num_seqs,

@@ -2,7 +2,8 @@
 
 The record metrics.jsonl (and every tracker) gets per phase holds two kinds of values.  Most are a function
 of the scenario and its seed: a resumed run, a fork, an in-memory run or a sharded run reproduces them.  The
-others measure the machine: seconds (`time/*`, `ray/rollout_s`, ...), rates per second (`gen/tokens_per_s`)
+others measure the machine: seconds (`time/*`, `ray/rollout_s`, ...), rates per second (`gen/tokens_per_s`),
+throughput and memory (`perf/*`, `memory/*`)
 and how Ray's pull scheduling spread the tasks (`ray/tasks_per_worker_max`/`_min`).  `wall_clock(key)` is
 the one declaration of the second kind; a comparison of two runs for exactness drops those keys
 (`reproducible(record)`) and nothing else.
@@ -17,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-WALL_CLOCK_PREFIXES = ("time/",)
+# time/*: seconds; perf/* and memory/*: the machine's throughput and memory (the learner's FLOP/s, MFU,
+# peak resident and accelerator memory)
+WALL_CLOCK_PREFIXES = ("time/", "perf/", "memory/")
 # seconds and rates per second under any prefix: gen/tokens_per_s, ray/weight_sync_s, ray/rollout_s, ...
 WALL_CLOCK_SUFFIXES = ("_s",)
 # which worker pulled how many tasks depends on timing, not on the seed

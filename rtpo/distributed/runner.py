@@ -84,7 +84,19 @@ def distribute(
         return built.evaluate()
 
     def sampler_state() -> Any:
-        return ctx.pool.current_weights()
+        import ray
+
+        from rtpo.distributed.trainer import TrainerFailure
+
+        try:
+            return ctx.pool.current_weights()
+        except ray.exceptions.ObjectLostError as e:
+            # the workers' weights were put by trainer rank 0: a lost trainer node takes that copy with it
+            # (OwnerDiedError), so the checkpoint cannot be written; the run resumes from the previous one
+            raise TrainerFailure(
+                f"the rollout workers' weights were lost with their owner, trainer rank 0 ({type(e).__name__}); "
+                "resume the run from its last checkpoint"
+            ) from None
 
     def load_sampler_state(weights: Any) -> None:
         if weights is not None:  # None: the workers still hold the factory's initial weights

@@ -89,11 +89,17 @@ def _limits(cfg):
     resource.setrlimit(resource.RLIMIT_NPROC, (lim["max_processes"], lim["max_processes"]))
 
 
-def _wait_and_relay(pid):
+def _wait_and_relay(pid, wall_time_s=None):
     # The parent stops a run with SIGTERM to this launcher: kill PID 1 and wait for it.  PID 1 exits only
     # after the kernel has killed and reaped every process of its namespace, so when the launcher exits
-    # nothing of the run is left.
+    # nothing of the run is left.  The launcher also enforces the wall limit itself (SIGALRM a second
+    # after it: the caller's own deadline comes first and reports it), so a caller that stops watching
+    # cannot leave a program running; and it dies with its caller (PR_SET_PDEATHSIG, set in main), which
+    # kills PID 1 (its own PDEATHSIG) and so the whole namespace.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
+    if wall_time_s:
+        signal.signal(signal.SIGALRM, lambda *_: os.kill(pid, signal.SIGKILL))
+        signal.alarm(int(wall_time_s) + 2)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -189,7 +195,7 @@ def _namespaces(cfg, code):
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     pid = os.fork()
     if pid:
-        _wait_and_relay(pid)
+        _wait_and_relay(pid, cfg.get("wall_time_s"))
     # PID 1 of the new namespace from here on: it stays root, builds the sandbox's root, runs the program
     # as PID 2 (PID 1 ignores default-action signals such as SIGXCPU, so user code must not be PID 1) and
     # exits with its status, at which point the kernel kills whatever else the program left behind.
@@ -278,11 +284,23 @@ def _rlimits_only(cfg, code):
     _limits(cfg)
     env = dict(cfg["env"], HOME=work, TMPDIR=work, PWD=work)
     python = cfg["python"]
-    os.execve(python, [python, "-I", "-u", "-c", _GUARD], env)
+    if cfg.get("wall_time_s"):  # an alarm survives execve: the program ends at the wall limit on its own
+        signal.alarm(int(cfg["wall_time_s"]) + 2)
+    os.execve(python, [python, "-I", "-u", "-c", _GUARD], env)  # PDEATHSIG survives execve too
+
+
+def _die_with_parent(cfg):
+    """SIGKILL this launcher when the process that started it dies (SIGKILL included); a caller that died
+    before this line is noticed by the parent pid having changed."""
+    _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    parent = cfg.get("parent_pid")
+    if parent is not None and os.getppid() != parent:
+        os._exit(125)
 
 
 def main():
     cfg = json.loads(sys.argv[1])
+    _die_with_parent(cfg)
     code = sys.stdin.buffer.read()
     # the program gets an empty stdin, never the launcher's pipe
     devnull = os.open(os.devnull, os.O_RDONLY)

@@ -450,6 +450,7 @@ def learner_config(cfg: ScenarioConfig) -> Any:
         param_dtype=b.param_dtype,
         mixed_precision=b.mixed_precision,
         gradient_checkpointing=b.gradient_checkpointing,
+        peak_flops=b.peak_flops,
     )
 
 
@@ -470,9 +471,15 @@ def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
         return FSDPLearner(
             model_dir, lcfg, rank=dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend()
         )
-    backend = "gloo" if _device(b) == "cpu" else None  # None: NCCL on the GPUs
+    device = _device(b)
+    backend = "gloo" if device != "cuda" else None  # None: NCCL on the GPUs
     learner = launch_learner(
-        model_dir, lcfg, world_size=b.world_size, backend=backend, threads_per_rank=b.threads_per_rank
+        model_dir,
+        lcfg,
+        world_size=b.world_size,
+        backend=backend,
+        threads_per_rank=b.threads_per_rank,
+        device=None if device == "cuda" else device,  # cuda: each rank's own GPU
     )
     if b.world_size > 1:
         atexit.register(learner.close)

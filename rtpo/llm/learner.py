@@ -66,6 +66,8 @@ class LearnerConfig:
     compile_layers:     torch.compile each decoder layer in place (before FSDP wraps it; the parameter
                         names and state dicts are unchanged): fuses the eager model's norms, rotary and
                         activations.  Off by default: each new batch shape compiles again (GPUs).
+    peak_flops:         one device's peak FLOP/s: train steps report perf/learner_mfu = achieved FLOP/s over
+                        world_size × this (None: only the achieved perf/learner_flops_per_s).
     fsdp_one_rank:      wrap the model in FSDP2 even with world size 1.  Off by default: on one rank there
                         is nothing to shard, and FSDP's all-gather and reduce-scatter only copy every weight
                         and gradient on each pass (bench/llm_memory.json, learner.fsdp_one_rank_step_s).
@@ -88,6 +90,7 @@ class LearnerConfig:
     cache_weights: bool = True
     attn_implementation: str = "sdpa"
     fsdp_one_rank: bool = False
+    peak_flops: float | None = None
     compile_layers: bool = False
 
     def __post_init__(self) -> None:
@@ -206,6 +209,25 @@ def _entropy(log_p: torch.Tensor) -> torch.Tensor:
         torch.exp(log_p[i], out=buf)
         torch.sum(buf.mul_(log_p[i]), dim=-1, out=out[i])
     return out.neg_()
+
+
+def train_flops(config: Any, n_params: int, context_lengths: np.ndarray, response_lengths: np.ndarray) -> float:
+    """Model FLOPs of one training step (forward + backward = 3 × forward) over rows of s = context +
+    response tokens, r of them response tokens (the learner keeps r + 1 positions' logits):
+
+        forward = Σ_rows 2·N_body·s + 2·d·V·(r + 1) + 2·L·H·d_h·s²
+
+    N_body the parameters less the embedding (and less the lm_head when untied: its matmul is the d·V
+    term), L layers, H heads of d_h, attention causal (half of 4·s²·H·d_h per layer)."""
+    d, v, layers = int(config.hidden_size), int(config.vocab_size), int(config.num_hidden_layers)
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or d // heads)
+    tied = bool(getattr(config, "tie_word_embeddings", True))
+    body = n_params - d * v * (1 if tied else 2)
+    s = np.asarray(context_lengths, np.float64) + np.asarray(response_lengths, np.float64)
+    r = np.asarray(response_lengths, np.float64)
+    fwd = 2.0 * body * s.sum() + 2.0 * d * v * (r + 1).sum() + 2.0 * layers * heads * head_dim * (s * s).sum()
+    return 3.0 * float(fwd)
 
 
 def _free_port() -> int:
@@ -462,6 +484,7 @@ class FSDPLearner:
         regularisers to separate them.
         """
         batch, cfg = payload
+        t_start = time.perf_counter()
         plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
         flat_all = self._flat(batch)
         num_seqs, num_tokens = flat_all.num_seqs, batch.num_tokens
@@ -525,6 +548,27 @@ class FSDPLearner:
         out["train/grad_norm"] = grad_norm
         out["train/tokens"] = float(num_tokens)
         out["train/lr"] = lr
+        out.update(self._perf_metrics(batch, time.perf_counter() - t_start))
+        return out
+
+    def _perf_metrics(self, batch: TurnBatch, seconds: float) -> dict[str, float]:
+        """Throughput and memory of the step just taken (this rank's process): model FLOPs of the whole
+        batch (`train_flops`) per second of the step, their share of world_size × peak_flops when set,
+        this process's peak resident memory and, on an accelerator, its peak allocated memory."""
+        import resource
+
+        if not hasattr(self, "_n_params"):
+            self._n_params = int(sum(p.numel() for p in self.model.parameters()))
+        flops = train_flops(self.model.config, self._n_params, batch.contexts.lengths, batch.tokens.lengths)
+        out = {
+            "perf/learner_flops": flops,
+            "perf/learner_flops_per_s": flops / seconds if seconds > 0 else 0.0,
+            "memory/learner_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,  # KiB on Linux
+        }
+        if self.cfg.peak_flops:
+            out["perf/learner_mfu"] = out["perf/learner_flops_per_s"] / (self.cfg.peak_flops * self.world_size)
+        if self.device.type == "cuda":
+            out["memory/learner_peak_accel_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return out
 
     def _clip_and_norm(self) -> float:
@@ -740,18 +784,19 @@ def launch_learner(
     world_size: int = 1,
     backend: str | None = None,
     threads_per_rank: int | None = None,
+    device: str | torch.device | None = None,
 ) -> FSDPLearner:
     """Rank 0's learner in this (driver) process, with ranks 1..N−1 spawned as worker processes.
 
     Call `close()` on the result to stop the workers.  threads_per_rank bounds torch's intra-op
-    threads in every rank (useful when N ranks share a few CPU cores).
+    threads in every rank (useful when N ranks share a few CPU cores).  device: rank 0's (FSDPLearner).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if threads_per_rank:
         torch.set_num_threads(threads_per_rank)
     if world_size == 1:
-        return FSDPLearner(model_path, cfg, rank=0, world_size=1, backend=backend)
+        return FSDPLearner(model_path, cfg, rank=0, world_size=1, backend=backend, device=device)
     import multiprocessing as mp
 
     addr, port = "127.0.0.1", _free_port()
@@ -766,6 +811,6 @@ def launch_learner(
         )
         p.start()
         procs.append(p)
-    learner = FSDPLearner(model_path, cfg, rank=0, world_size=world_size, backend=backend)
+    learner = FSDPLearner(model_path, cfg, rank=0, world_size=world_size, backend=backend, device=device)
     learner._workers = procs
     return learner

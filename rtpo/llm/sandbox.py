@@ -216,6 +216,8 @@ def _run(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
         "env": _scrubbed_env(),
         "keep": _interpreter_dirs(),
         "hide": [os.path.expanduser("~")],
+        "parent_pid": os.getpid(),  # the launcher dies with this process (PR_SET_PDEATHSIG)
+        "wall_time_s": float(limits.wall_time_s),  # and enforces the wall limit itself
         "limits": {
             "cpu_time_s": int(limits.cpu_time_s),
             "memory_bytes": int(limits.memory_bytes),

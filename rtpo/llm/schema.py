@@ -60,6 +60,12 @@ class LLMBackendConfig(BackendConfig):
         "auto", description="where the learner and the hf engine run (auto: cuda when torch sees a GPU)"
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
+    peak_flops: float | None = Field(
+        None,
+        gt=0,
+        description="one device's peak FLOP/s (e.g. 989e12: H200 dense bf16): train steps report the learner's "
+        "perf/learner_mfu against it; null = only the achieved perf/learner_flops_per_s",
+    )
     hardware: str | None = Field(
         None,
         description="accelerator rtpo run checks the workers' memory against before starting (rtpo.plan: "

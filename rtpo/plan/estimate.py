@@ -398,7 +398,9 @@ def _generation_time(
         # a turn with fewer than one expected episode runs with probability <= that expectation
         happens = min(1.0, active)
         decode += happens * waves * resp * (step + hw.step_overhead_s)
-        prefill += per_engine * ctx * 2 * shape.matmul_params / (flops * hw.prefill_efficiency)
+        # prefill: every context token through the layers, the lm_head at each sequence's last position
+        pre_flops = per_engine * (ctx * 2 * shape.body_params + 2 * shape.head_params)
+        prefill += happens * pre_flops / (flops * hw.prefill_efficiency)
         over += happens * hw.turn_overhead_s
     return decode, prefill, over
 
@@ -412,8 +414,9 @@ def _train_time(p: PhasePlan, cfg, shape: ModelShape, hw: Hardware, ranks: int) 
     mc = cfg.method.config
     epochs = getattr(mc, "epochs", 1)
     row = p.learner_tokens / p.trained_rows / epochs
+    resp_share = p.trained_tokens / p.trained_rows / row  # logits only at response positions (logits_to_keep)
     attn = 2 * 2 * shape.layers * shape.q_dim * row / 2  # QK^T and AV over the causal half of the row
-    fwd = 2 * shape.matmul_params + attn  # FLOPs per token of one forward pass
+    fwd = 2 * shape.body_params + attn + 2 * shape.head_params * resp_share  # FLOPs per token of one forward
     passes = 3 + (1 if b.gradient_checkpointing else 0)  # forward + backward (2x), + the recompute
     per_rank_tokens = p.learner_tokens / ranks
     micro = max(1, math.ceil(per_rank_tokens / epochs / b.micro_batch_tokens))

@@ -54,6 +54,16 @@ class ModelShape:
         """Parameters a token's forward multiplies by (the embedding lookup is not a matmul; lm_head is)."""
         return self.layers * self.layer_params + self.vocab * self.hidden
 
+    @property
+    def body_params(self) -> int:
+        """Parameters of the decoder layers: what every token of a forward pass multiplies by."""
+        return self.layers * self.layer_params
+
+    @property
+    def head_params(self) -> int:
+        """The lm_head's: paid only at positions whose logits are computed."""
+        return self.vocab * self.hidden
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V of every layer for one token."""
         return 2 * self.layers * self.kv_dim * dtype_bytes

@@ -425,6 +425,42 @@ def _fork(src: Path, cfg: ScenarioConfig, state: dict, iteration: int, out_root:
     return run_dir
 
 
+class _IterationProfiler:
+    """logging.profile_iteration: a torch profiler around that one iteration (begin to its last phase),
+    its Chrome trace written to RUN/profile/iter_N.trace.json.  Nothing for in-memory runs or other
+    iterations; a run stopped inside the iteration leaves no trace."""
+
+    def __init__(self, iteration: int | None, run_dir: Path | None) -> None:
+        self.iteration = iteration if run_dir is not None else None
+        self.run_dir = run_dir
+        self.prof = None
+
+    def start(self, iteration: int) -> None:
+        if iteration != self.iteration or self.prof is not None:
+            return
+        import torch
+
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(activities=acts, record_shapes=False)
+        self.prof.__enter__()
+
+    def stop(self, iteration: int) -> None:
+        if self.prof is None or iteration != self.iteration:
+            return
+        prof, self.prof = self.prof, None
+        prof.__exit__(None, None, None)
+        out = self.run_dir / "profile" / f"iter_{iteration}.trace.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(out))
+
+    def close(self) -> None:
+        if self.prof is not None:
+            prof, self.prof = self.prof, None
+            prof.__exit__(None, None, None)
+
+
 def _run_loop(
     cfg: ScenarioConfig, built: BuiltBackend, run_dir: Path | None, state: dict | None, progress: bool
 ) -> RunResult:
@@ -487,6 +523,7 @@ def _run_loop(
         first_step=prog.global_phase + 1,
         history=lambda: read_metrics(run_dir, prog.metric_lines),  # for a tracker added on resume or a fork
     )
+    profiler = _IterationProfiler(cfg.logging.profile_iteration, run_dir)
     try:
         sink = open(run_dir / METRICS, "a") if run_dir is not None else contextlib.nullcontext()
         with interrupt, sink as metrics_file:
@@ -502,6 +539,7 @@ def _run_loop(
                     keep = cfg.logging.generations_per_iteration if built.sample_log and run_dir is not None else 0
                     if keep:
                         built.sample_log(keep)
+                    profiler.start(prog.iteration)
                     prog.it_state = method.begin(ctx, ids)
                     if keep:  # written before the iteration's first checkpoint: a resume never redoes begin
                         _write_generations(run_dir, prog.iteration, built.sample_log(0))
@@ -521,6 +559,8 @@ def _run_loop(
                 prog.phase_in_iter += 1
                 prog.global_phase += 1
                 iter_done = not prog.it_state.pending
+                if iter_done:
+                    profiler.stop(prog.iteration)
                 last = iter_done and (prog.iteration + 1 >= budget_cfg.iterations or spent() is not None)
                 if last or prog.global_phase % cfg.eval.every == 0:
                     t_eval = time.perf_counter()
@@ -577,6 +617,7 @@ def _run_loop(
                 if interrupt.requested and not last:
                     prog.stopped_by = "interrupted"
     finally:
+        profiler.close()
         console.stop()
         for t in trackers:
             t.close()

@@ -190,7 +190,12 @@ class WandbTracker(CommittedTracker):
             config=None if resumed else config,
             resume="allow",
             reinit="create_new",
-            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+            settings=wandb.Settings(
+                silent=True,
+                console="off",
+                x_disable_stats=True,
+                x_disable_viewer=True,  # no query of who is logged in
+            ),
         )
 
     def _write(self, record: dict[str, Any], step: int) -> None:
@@ -338,6 +343,24 @@ def _param_value(value: Any) -> str:
     return text if len(text) <= 6000 else text[:5980] + "...[truncated]"  # MLflow's limit per param value
 
 
+# Every telemetry channel of the tracker libraries, off: W&B's error reporting (an OpenTelemetry proxy that
+# POSTs to api.forge.coreweave.com even in offline mode), MLflow's usage telemetry, Hugging Face Hub's and
+# Gradio's analytics (trackio imports both).  Set before a tracker library is imported, in this process
+# and so in its children (W&B's core).  tests/test_trackers.py fails on any outbound connection attempt.
+TELEMETRY_OFF = {
+    "WANDB_ERROR_REPORTING": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "GRADIO_ANALYTICS_ENABLED": "False",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def telemetry_off() -> None:
+    """Turn every tracker library's telemetry off (TELEMETRY_OFF) for this process and its children."""
+    os.environ.update(TELEMETRY_OFF)
+
+
 def open_trackers(
     names: tuple[str, ...] | list[str],
     run_dir: Path,
@@ -349,10 +372,18 @@ def open_trackers(
     metrics.jsonl lines before `first_step`), so every tracker shows the whole run."""
     out: list[Tracker] = []
     lines = None
+    if any(n != "jsonl" for n in names):
+        telemetry_off()
     try:
         for name in names:
             tracker = TRACKERS.get(name)()
-            tracker.open(run_dir, config, first_step)
+            try:
+                tracker.open(run_dir, config, first_step)
+            except OSError as e:  # its folder cannot be made (a file in the way, no permission, disk full)
+                where = e.filename or run_dir
+                raise TrackerError(
+                    f"logging.trackers: {name} cannot write its folder {where} ({e.strerror or e})"
+                ) from None
             out.append(tracker)
             if first_step > 1 and tracker.fresh and history is not None:
                 lines = history() if lines is None else lines

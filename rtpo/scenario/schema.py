@@ -209,6 +209,12 @@ class LoggingConfig(Section):
         description="llm runs: write the policy as a Hugging Face model folder RUN/hf/iter_N after every N-th "
         "iteration and after the last (null = never; `rtpo export RUN OUT` exports a checkpoint afterwards)",
     )
+    profile_iteration: int | None = Field(
+        None,
+        ge=0,
+        description="record a torch profiler trace (CPU, and CUDA where there is one) of this iteration, begin "
+        "to last phase, into RUN/profile/iter_N.trace.json (Chrome trace format; null = never)",
+    )
     trackers: tuple[str, ...] = Field(
         ("jsonl",),
         description="experiment trackers fed the same record as metrics.jsonl, all local/offline "

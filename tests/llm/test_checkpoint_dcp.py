@@ -25,6 +25,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -287,6 +288,48 @@ def test_a_damaged_or_foreign_sharded_checkpoint_is_refused(runs, tmp_path, caps
     checkpoint.write_checkpoint(fake, other, {k: v for k, v in state.items() if k != "version"}, "iter_1")
     (fake / checkpoint.CHECKPOINT_ID).write_text(checkpoint.fingerprint(cfg) + "\n")
     _one_line(capsys, ["run", "--resume", str(fake), "--no-progress"], "belongs to another run")
+
+
+def test_same_size_damage_to_any_shard_file_is_refused_by_resume_eval_and_export(runs, tmp_path, capsys):
+    """Sizes alone used to vouch for the shards: 64 flipped bytes inside the tensor data were resumed
+    from and exported silently (weights off by 1.8e4).  Every file's xxh3_128 digest is recorded now and checked on
+    every read: a flip in the middle, a shard of random bytes and a `.metadata` of random bytes, each of
+    the file's own size, are one line naming the file for `rtpo run --resume`, `rtpo eval` and `rtpo
+    export`, and nothing is touched.  Mutant: skip the digest comparison in read_checkpoint and the flip
+    resumes (exit 0)."""
+    rng = np.random.default_rng(27)
+    folder = "learner-1"
+    for name, damage in (
+        ("__0_0.distcp", "flip"),
+        ("__0_0.distcp", "garbage"),
+        (".metadata", "garbage"),
+    ):
+        run = tmp_path / f"{name}-{damage}"
+        shutil.copytree(runs["one"], run)
+        path = run / checkpoint.CKPT_DIR / "iter_1" / folder / name
+        data = bytearray(path.read_bytes())
+        if damage == "flip":
+            mid = len(data) // 2
+            data[mid : mid + 64] = bytes(b ^ 0xFF for b in data[mid : mid + 64])
+        else:
+            data = bytearray(rng.integers(0, 256, len(data), dtype=np.uint8).tobytes())
+        path.write_bytes(bytes(data))
+        before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+        for args in (
+            ["run", "--resume", str(run), "--no-progress"],
+            ["eval", str(run), "--samples", "1", "--queries", "1"],
+            ["export", str(run), str(tmp_path / f"hf-{name}-{damage}")],
+        ):
+            rc = cli.main(args)
+            err = capsys.readouterr().err
+            assert rc == 2 and err.count("\n") == 1, (args[0], name, damage, err)
+            assert f"{folder}/{name}: corrupt sharded learner state" in err, (args[0], name, damage, err)
+        after = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+        assert after == before, "a refused read changed the run folder"
+        assert not (tmp_path / f"hf-{name}-{damage}").exists()
+    state = checkpoint.read_checkpoint(checkpoint.latest_path(runs["one"]))
+    digests = state["learner"][checkpoint.DIGEST]
+    assert sorted(digests) == [".metadata", "__0_0.distcp"] and all(len(h) == 32 for h in digests.values())
 
 
 def test_a_run_in_the_older_pickled_format_still_resumes(runs, tmp_path, monkeypatch):

@@ -214,8 +214,77 @@ def test_concurrent_calls_are_isolated_from_each_other():
     t = threading.Thread(target=lambda: out.append(run_python(bomb, lim)))
     t.start()
     time.sleep(1.5)  # the bomb fills its quota of 8 within a fraction of that
-    neighbours = [run_python(spawn, lim) for _ in range(2)]
-    t.join(30)
-    assert not t.is_alive() and not out[0].ok
-    assert all(r.ok and r.stdout.strip() == "child ok" for r in neighbours), [r.stderr[-200:] for r in neighbours]
+    # the neighbours get their own generous wall/CPU limits: on a loaded machine an interpreter may take
+    # seconds to start, and a neighbour that ran out of time said nothing (it failed once with empty stderr)
+    roomy = SandboxLimits(wall_time_s=60.0, cpu_time_s=20, max_processes=8)
+    neighbours = [run_python(spawn, roomy) for _ in range(2)]
+    t.join(60)
+    assert not t.is_alive() and not out[0].ok, "the fork bomb was not stopped by its own limits"
+    for r in neighbours:
+        assert r.ok and r.stdout.strip() == "child ok", (
+            "a neighbour of the fork bomb could not fork: "
+            f"exit {r.exit_code}, signal {r.signal}, limits hit {r.limits_hit}, error {r.error!r}, "
+            f"wall {r.wall_time_s:.1f}s, stdout {r.stdout[-200:]!r}, stderr {r.stderr[-300:]!r}"
+        )
     assert _sandbox_processes() == []
+
+
+_CALLER = r"""
+import sys, threading, time
+from rtpo.llm import sandbox
+from rtpo.llm.sandbox import SandboxLimits, run_python
+threading.Thread(target=run_python, args=("import time\ntime.sleep(300)\n", SandboxLimits(wall_time_s=300.0)), daemon=True).start()
+while True:
+    pids = [int(d) for d in __import__("os").listdir("/proc") if d.isdigit() and __import__("os").stat(f"/proc/{d}").st_uid >= sandbox._UID_BASE]
+    if pids:
+        print("running", flush=True)
+        break
+    time.sleep(0.05)
+time.sleep(600)
+"""
+
+
+def _launchers_of(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"_sandbox_launcher" in cmd and f'"parent_pid": {pid}'.encode() in cmd:
+                out.append(int(d))
+    return out
+
+
+@kernel
+def test_nothing_outlives_a_caller_killed_mid_call():
+    """SIGKILL the caller while its program sleeps (wall limit 300 s): the launcher dies with it
+    (PR_SET_PDEATHSIG), PID 1 with the launcher, the program with its namespace, so no sandbox process
+    and no launcher is left.  Before: launcher, PID 1 and the program kept running until the program
+    ended.  Mutant: drop _die_with_parent in the launcher and the sleep survives."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    caller = subprocess.Popen(
+        [sys.executable, "-c", _CALLER],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        start_new_session=True,
+    )
+    try:
+        assert caller.stdout.readline().strip() == "running", "the caller never got its program running"
+        assert _launchers_of(caller.pid), "no launcher of the caller found"
+    finally:
+        caller.send_signal(signal.SIGKILL)
+        caller.wait(timeout=60)
+    deadline = time.monotonic() + 60  # the kernel's teardown is quick; the bound only keeps a failure finite
+    while (_sandbox_processes() or _launchers_of(caller.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _sandbox_processes() == [], "sandbox processes outlived their SIGKILLed caller"
+    assert _launchers_of(caller.pid) == [], "the launcher outlived its SIGKILLed caller"

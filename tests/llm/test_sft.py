@@ -236,3 +236,13 @@ def test_file_level_errors(tmp_path, tiny_model_dir):
     (tmp_path / "other.jsonl").write_text(json.dumps({**GOOD, "question": "Compute 1 + 1."}) + "\n")
     with pytest.raises(DemonstrationError, match=r"other\.jsonl:1: field 'question' differs"):
         DemonstrationReplay(env, tmp_path / "other.jsonl")
+
+
+def test_sft_config_needs_a_file_and_no_kl():
+    from rtpo.core.methods.sft import SFTConfig
+
+    with pytest.raises(ValueError, match="data must name the demonstrations file"):
+        SFTConfig()
+    with pytest.raises(ValueError, match="kl_coef must be 0"):
+        SFTConfig(data="x.jsonl", kl_coef=0.1)
+    assert SFTConfig(data="x.jsonl").epochs == 1

@@ -65,6 +65,8 @@ class SFTConfig(UpdateConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.data, str) or not self.data.strip():
+            raise ValueError("sft: data must name the demonstrations file (method.data)")
         if self.kl_coef != 0:
             raise ValueError("sft: kl_coef must be 0 (supervised fine-tuning has no reference policy)")
 

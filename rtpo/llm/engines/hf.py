@@ -127,7 +127,7 @@ class HFEngine:
         input_ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         attention = torch.as_tensor(att, dtype=torch.long, device=self.device)
         position = (attention.cumsum(-1) - 1).clamp(min=0)
-        stop = torch.as_tensor(self.stop_ids, dtype=torch.long, device=self.device)
+        stop = torch.as_tensor(np.asarray(self.stop_ids, dtype=np.int64), device=self.device)
         num = rows.size
         # everything per token stays on the device: the (rows, V) distribution is sampled there, and the
         # only host read per step is the one flag that says whether every row has stopped

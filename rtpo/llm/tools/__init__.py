@@ -6,5 +6,16 @@ Importing the package registers the built-in tools.
 from rtpo.llm.tools import python as _python  # noqa: F401 - registers the python tool
 from rtpo.llm.tools import search as _search  # noqa: F401 - registers the search tool
 from rtpo.llm.tools.base import TOOLS, Tool, ToolResult, ToolSet, make_tool, make_toolset
+from rtpo.llm.tools.function import FunctionTool, function_schema, register_function
 
-__all__ = ["TOOLS", "Tool", "ToolResult", "ToolSet", "make_tool", "make_toolset"]
+__all__ = [
+    "TOOLS",
+    "FunctionTool",
+    "Tool",
+    "ToolResult",
+    "ToolSet",
+    "function_schema",
+    "make_tool",
+    "make_toolset",
+    "register_function",
+]
