@@ -248,6 +248,7 @@ def iteration(model_dir: Path, cuda: bool, dry: bool, max_tokens: int, queries: 
     sync()
     secs = time.perf_counter() - t0
     split["other"] = secs - sum(split.values())
+    split = dict(split)  # the iteration's; the checkpoint's weights() calls below are not part of it
     ckpt = checkpoint_roundtrip(learner, Path(tempfile.mkdtemp(prefix="rtpo-gpu-check-ckpt-")), sync)
     close = getattr(learner, "close", None)
     if close is not None:
