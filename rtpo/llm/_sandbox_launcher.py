@@ -7,8 +7,9 @@ Protocol: argv[1] is a JSON config; stdin carries the program text.  Exit status
 or 128 + signal number when the program was killed by a signal; 125 when isolation itself failed
 (the reason is written to stderr).
 
-Kernel mode ("namespaces", needs root): join cgroups of the call's own (memory and pids: the limits
-hold for the call as a whole, however many processes it forks; without a writable cgroup hierarchy the
+Kernel mode ("namespaces", needs root): join cgroups of the call's own, nested under the caller's own
+cgroups (so the job's limits hold for its tool calls too; memory and pids: the limits hold for the call
+as a whole, however many processes it forks; without a writable cgroup hierarchy the
 memory limit is split over max_processes as RLIMIT_AS per process), unshare PID, network, mount, IPC and
 UTS namespaces, and fork a PID 1 for the new PID namespace that stays root and builds a root of its own on
 a tmpfs: the system's library folders (/usr, /lib...) and the interpreter's own folders (its venv and
@@ -142,7 +143,8 @@ def _enter_cgroups(cfg):
     name = f"rtpo-sandbox-{int(cfg['uid'])}"
     lim = cfg["limits"]
     pid = str(os.getpid())
-    v2 = "/sys/fs/cgroup"
+    parents = cfg.get("cgroup_parents") or {}  # the caller's own cgroups: the call's nest under them
+    v2 = parents.get("v2", "/sys/fs/cgroup")
     try:
         if os.path.exists(v2 + "/cgroup.controllers"):
             ctrl = open(v2 + "/cgroup.controllers").read().split()
@@ -154,7 +156,8 @@ def _enter_cgroups(cfg):
                 _write(d + "/pids.max", lim["max_processes"])
                 _write(d + "/cgroup.procs", pid)
                 return "cgroup"
-        mem, pids = v2 + "/memory", v2 + "/pids"
+        mem = parents.get("memory", "/sys/fs/cgroup/memory")
+        pids = parents.get("pids", "/sys/fs/cgroup/pids")
         if os.path.isdir(mem) and os.path.isdir(pids):
             dm, dp = os.path.join(mem, name), os.path.join(pids, name)
             os.mkdir(dm)

@@ -217,6 +217,7 @@ def _run(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
         "keep": _interpreter_dirs(),
         "hide": [os.path.expanduser("~")],
         "parent_pid": os.getpid(),  # the launcher dies with this process (PR_SET_PDEATHSIG)
+        "cgroup_parents": cgroup_parents(),  # per-call cgroups nest under this process's own
         "wall_time_s": float(limits.wall_time_s),  # and enforces the wall limit itself
         "limits": {
             "cpu_time_s": int(limits.cpu_time_s),
@@ -274,11 +275,32 @@ def _run(code: str, limits: SandboxLimits, mode: str) -> SandboxResult:
     )
 
 
+def cgroup_parents() -> dict[str, str]:
+    """Where a call's cgroups go: under this process's own cgroup of each hierarchy (/proc/self/cgroup),
+    not at the hierarchy's root, so a tool call's memory and processes count against the job's own limits.
+    {"v2": path} for the unified hierarchy, {"memory": path, "pids": path} for v1 controllers."""
+    root, out = "/sys/fs/cgroup", {}
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if ctrls == "":
+            out["v2"] = os.path.join(root, rel) if rel else root
+        for c in ("memory", "pids"):
+            if c in ctrls.split(","):
+                out[c] = os.path.join(root, c, rel) if rel else os.path.join(root, c)
+    return out
+
+
 def _remove_cgroups(uid: int) -> None:
-    """The launcher puts each call in cgroups named after its uid (v2, or v1 memory + pids); once every
-    process of the call is gone they are empty and are removed."""
+    """The launcher puts each call in cgroups named after its uid (v2, or v1 memory + pids) under the
+    caller's own (cgroup_parents); once every process of the call is gone they are empty and are removed."""
     name = f"rtpo-sandbox-{uid}"
-    for parent in ("/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids"):
+    parents = {*cgroup_parents().values(), "/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids"}
+    for parent in parents:
         path = os.path.join(parent, name)
         if os.path.isdir(path):
             for _ in range(50):  # the kernel may take a moment to release a just-emptied cgroup

@@ -288,3 +288,20 @@ def test_nothing_outlives_a_caller_killed_mid_call():
         time.sleep(0.1)
     assert _sandbox_processes() == [], "sandbox processes outlived their SIGKILLed caller"
     assert _launchers_of(caller.pid) == [], "the launcher outlived its SIGKILLed caller"
+
+
+@kernel
+def test_per_call_cgroups_nest_under_the_callers_own():
+    """A call's memory and pids cgroups sit under the caller's own cgroup of each hierarchy (read from
+    /proc/self/cgroup), not at the hierarchy's root where tool memory escaped the job's limit; and they
+    are gone after the call.  Fails before (memory:/rtpo-sandbox-N at the root)."""
+    parents = sandbox.cgroup_parents()
+    r = run_python("print(open('/proc/self/cgroup').read())", FAST)
+    assert r.ok, (r.error, r.stderr[-300:])
+    lines = {c: p for _, cs, p in (ln.split(":", 2) for ln in r.stdout.split()) for c in cs.split(",")}
+    if "memory" not in lines or "rtpo-sandbox-" not in lines["memory"]:
+        pytest.skip("no writable v1 memory+pids hierarchy here (the call's limits are per process)")
+    mine = parents["memory"].removeprefix("/sys/fs/cgroup/memory")
+    assert lines["memory"].rsplit("/", 1)[0] == (mine or ""), (lines["memory"], mine)
+    leftover = [p for p in os.listdir(parents["memory"]) if p == lines["memory"].rsplit("/", 1)[1]]
+    assert leftover == [], f"the call's cgroup {leftover} was left behind"
