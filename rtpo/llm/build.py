@@ -130,7 +130,14 @@ def _format_warm_model(cfg: ScenarioConfig, base: Path) -> Path:
     from rtpo.llm.worlds import WorldEnv, build_world, format_warm_start
 
     task: WorldTaskConfig = cfg.task
-    keys = ("context_map", "system", "enable_thinking", "format_warmup_steps", "format_warmup_lr")
+    keys = (
+        "context_map",
+        "system",
+        "enable_thinking",
+        "format_warmup_steps",
+        "format_warmup_lr",
+        "format_warmup_batch",
+    )
     ident = {
         "base": str(base.resolve()),
         "world": task.tabular.to_dict(),
@@ -149,7 +156,9 @@ def _format_warm_model(cfg: ScenarioConfig, base: Path) -> Path:
         system=task.system,
         enable_thinking=task.enable_thinking,
     )
-    format_warm_start(model, env, task.format_warmup_steps, lr=task.format_warmup_lr, seed=cfg.seed)
+    format_warm_start(
+        model, env, task.format_warmup_steps, lr=task.format_warmup_lr, batch=task.format_warmup_batch, seed=cfg.seed
+    )
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.copytree(base, tmp)
     model.save_pretrained(str(tmp), safe_serialization=True)

@@ -132,6 +132,9 @@ class WorldTaskConfig(BaseModel):
         "practically never writes a canonical call); 0 = none",
     )
     format_warmup_lr: float = Field(3e-3, gt=0, description="AdamW learning rate of the format warm start")
+    format_warmup_batch: int = Field(
+        8, ge=1, description="contexts per format warm-start step (each with every action)"
+    )
 
     @property
     def num_turns(self) -> int:

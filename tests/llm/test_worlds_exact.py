@@ -144,8 +144,8 @@ def test_a_world_too_large_to_enumerate_is_a_one_line_error_naming_the_key(chat_
 @pytest.mark.slow
 def test_exact_value_agrees_with_real_vllm_samples(tmp_path, chat_model_dir):
     """A briefly warm-started model (so actions are likely and malformed mass remains) on a 2-turn chain:
-    the exact value at T = 0.8, top-p 0.95 lies in the 99% interval of the mean return of 1,500 vLLM
-    episodes at those settings.  Mutants: the stop token dropped from each scored action, and the
+    the exact value at T = 1, top-p 0.98 lies in the 99% interval of the mean return of 3,000 vLLM
+    episodes at those settings.  Mutants: the first token dropped from each scored action, and the
     malformed mass ignored (the action probabilities renormalised) — both land outside the interval."""
     import shutil
 
@@ -162,14 +162,15 @@ def test_exact_value_agrees_with_real_vllm_samples(tmp_path, chat_model_dir):
     mdp = tool_chain(num_turns=2, num_actions=3, seed=0, bernoulli=False)
     env = WorldEnv(_world(mdp), load_qwen3_tokenizer(str(chat_model_dir)))
     model = load_hf_model(chat_model_dir)
-    format_warm_start(model, env, steps=12, lr=3e-3, batch=6, seed=0)
+    for seed in range(4):  # 12 steps in all: actions likely, malformed mass still there
+        format_warm_start(model, env, steps=3, lr=3e-3, batch=6, seed=seed)
     warm = tmp_path / "warm"
     shutil.copytree(chat_model_dir, warm)
     model.save_pretrained(str(warm), safe_serialization=True)
-    T, top_p = 0.8, 0.95
+    T, top_p = 1.0, 0.98
     ev = ExactEvaluator(env, model, temperature=T, top_p=top_p)
     exact = ev()
-    assert 0.1 < exact["eval/malformed_mass"] < 0.9, exact  # both branches of the rule matter here
+    assert 0.05 < exact["eval/malformed_mass"] < 0.95, exact  # both branches of the rule matter here
 
     stop = tuple(sorted(env.chat.stop_ids))
     engine = VLLMEngine(
@@ -181,7 +182,7 @@ def test_exact_value_agrees_with_real_vllm_samples(tmp_path, chat_model_dir):
         kv_cache_gb=0.25,
     )
     rng = np.random.default_rng(0)
-    n = 1500
+    n = 3000
     eps = env.reset(np.zeros(n, np.int64), rng)
     ret = np.zeros(n)
     live = np.arange(n)
@@ -197,10 +198,10 @@ def test_exact_value_agrees_with_real_vllm_samples(tmp_path, chat_model_dir):
     value = exact["eval/value"]
     assert abs(ret.mean() - value) <= half, f"exact {value:.4f} vs Monte-Carlo {ret.mean():.4f} ± {half:.4f}"
 
-    ev.actions = tuple(x[:-1] for x in env.words.canonical)  # mutant 1: the stop token not scored
+    ev.actions = tuple(x[1:] for x in env.words.canonical)  # mutant 1: the first token not scored
     m1 = ev()["eval/value"]
     ev.actions = env.words.canonical
     pi = np.exp(ev.action_logprobs())
     m2 = policy_value(env.world, ev.tree, pi / pi.sum(axis=1, keepdims=True))  # mutant 2: malformed mass ignored
-    for name, v in (("stop token dropped", m1), ("malformed mass ignored", m2)):
+    for name, v in (("first token dropped", m1), ("malformed mass ignored", m2)):
         assert abs(ret.mean() - v) > half, f"mutant {name}: {v:.4f} is inside {ret.mean():.4f} ± {half:.4f}"
