@@ -1,7 +1,8 @@
 """Running the real RTPO method on the tabular backend, with spies on what each phase generates and trains.
 
-The spies wrap the names RTPO's phase looks up at call time (`rollout`, `ppo_update` in
-rtpo.core.methods.rtpo), so whatever is installed there — the real code or a mutant — is what runs.
+The spies wrap the names RTPO's phase looks up at call time (`rollout` and `ppo_update` in
+rtpo.core.methods.base, behind Method.rollout and Method.ppo), so whatever is installed there — the real
+code or a mutant — is what runs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import numpy as np
 from rtpo.core import methods
 from rtpo.core.methods import RunContext
 from rtpo.core.methods import base as base_mod
-from rtpo.core.methods import reverse as reverse_mod
 from rtpo.core.types import Ragged, Trajectory, TurnBatch
 from rtpo.tabular import SoftmaxTable, TabularEnv, TabularLearner, TabularSampler, TurnMDP
 from rtpo.tabular.policy import TabularPolicy
@@ -89,7 +89,7 @@ def spy_phases(ctx: RunContext) -> Iterator[list[PhaseRecord]]:
     """Record every sibling rollout and every PPO batch of RTPO phases run inside the block."""
     records: list[PhaseRecord] = []
     orig_rollout = base_mod.rollout  # what Method.rollout calls
-    orig_update = reverse_mod.ppo_update  # what ReverseTurn's phase calls
+    orig_update = base_mod.ppo_update  # what Method.ppo (ReverseTurn's update) calls
 
     def rollout(env, sampler, episodes, query_ids, rng, n=1, record_boundaries=False):
         res = orig_rollout(env, sampler, episodes, query_ids, rng, n=n, record_boundaries=record_boundaries)
@@ -109,12 +109,12 @@ def spy_phases(ctx: RunContext) -> Iterator[list[PhaseRecord]]:
         return orig_update(learner, batch, loss, epochs, minibatch_size, rng)
 
     base_mod.rollout = rollout
-    reverse_mod.ppo_update = ppo_update
+    base_mod.ppo_update = ppo_update
     try:
         yield records
     finally:
         base_mod.rollout = orig_rollout
-        reverse_mod.ppo_update = orig_update
+        base_mod.ppo_update = orig_update
 
 
 def greedy(params_table: np.ndarray) -> np.ndarray:
