@@ -14,6 +14,7 @@ import torch
 from test_learner import CFG, assert_weights_close, make_batch
 
 from rtpo.core.loss import LossConfig
+from rtpo.core.metrics import wall_clock
 from rtpo.llm.learner import FSDPLearner, LearnerConfig, launch_learner
 
 # Uneven sequences (one of two rows) so the ranks get different numbers of sequences and tokens, and
@@ -57,5 +58,7 @@ def test_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
     for m2, m1 in zip(two["metrics"], one["metrics"]):
         assert set(m2) == set(m1)
         for key in m1:
+            if wall_clock(key):  # the machine's own measurements (FLOP/s, RSS) differ from run to run
+                continue
             assert abs(m2[key] - m1[key]) <= 1e-4 * max(1.0, abs(m1[key])), key
     assert_weights_close(two["weights"], one["weights"], atol=5e-6)
