@@ -50,6 +50,7 @@ def _use(monkeypatch, mode, kill_at_sync=None, made=None):
         return built
 
     monkeypatch.setattr(rtpo.rundir.runner, "get_backend", lambda kind: dataclasses.replace(spec, build=build))
+    monkeypatch.setattr(rtpo.rundir.runner, "build_backend", build)  # what the runner builds a run with
 
 
 def test_run_with_a_killed_trainer_resumes_and_matches_the_unbroken_run(ray_cluster, monkeypatch, tmp_path):
