@@ -466,9 +466,9 @@ def main(argv: list[str] | None = None) -> dict:
     device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
 
-    sections = {
-        "ceilings": lambda: ceilings(torch, cuda),
-        "learner": lambda: learner_mfu.measure(
+    def measure_learner(**extra):
+        """The learner's MFU on the picked batch (bf16 on CUDA), eager or with `extra` settings."""
+        return learner_mfu.measure(
             model_dir,
             pick["mfu_rows"],
             pick["mfu_context"],
@@ -479,7 +479,12 @@ def main(argv: list[str] | None = None) -> dict:
             warmup=1,
             steps=pick["mfu_steps"],
             peak_tflops=peak,
-        ),
+            **extra,
+        )
+
+    sections = {
+        "ceilings": lambda: ceilings(torch, cuda),
+        "learner": measure_learner,
         "learner_profile": lambda: learner_mfu.profile_learner(
             model_dir,
             pick["mfu_rows"] // 2,  # one micro-batch's rows: the profile of one forward/backward/update
@@ -488,17 +493,7 @@ def main(argv: list[str] | None = None) -> dict:
             device,
             "bfloat16" if cuda else None,
         ),
-        "learner_compiled": lambda: learner_mfu.measure(
-            model_dir,
-            pick["mfu_rows"],
-            pick["mfu_context"],
-            pick["mfu_response"],
-            device=device,
-            mixed_precision="bfloat16" if cuda else None,
-            micro_batch_tokens=16384,
-            warmup=1,
-            steps=pick["mfu_steps"],
-            peak_tflops=peak,
+        "learner_compiled": lambda: measure_learner(
             compile_layers=True,
         ),
         "generation": lambda: generation(
