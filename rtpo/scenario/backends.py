@@ -111,11 +111,17 @@ def get_backend(kind: Any) -> BackendSpec:
     """The spec of `kind`, importing its provider module on first use.  KeyError lists the valid kinds."""
     if not isinstance(kind, str):
         raise KeyError(f"must be a string naming a backend, got {kind!r}")
-    if kind not in BACKENDS and kind in _PROVIDERS:
+    if kind in _PROVIDERS:
         try:
-            importlib.import_module(_PROVIDERS[kind])
+            if kind not in BACKENDS:
+                importlib.import_module(_PROVIDERS[kind])
+            # every time, not only on first use: the provider may have been imported directly (a test, a
+            # library caller), and an extension's `register()` puts back what a failed plugin import
+            # rolled back (both cheap once imported)
             for ext in _EXTENSIONS.get(kind, ()):
-                importlib.import_module(ext)
+                register = getattr(importlib.import_module(ext), "register", None)
+                if register is not None:
+                    register()
         except ModuleNotFoundError as e:
             raise KeyError(f"backend {kind!r} is not available here ({e})") from None
     if kind not in BACKENDS:

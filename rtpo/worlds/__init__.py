@@ -24,5 +24,11 @@ def _build(section: TabularTaskConfig) -> World:
     return World.of(mdp, solve(mdp).value, section.kind)
 
 
-if "tabular" not in WORLDS:
-    WORLDS.register("tabular")(WorldProvider(kinds=TASKS.names, parse=parse_tabular_task, build=_build))
+def register() -> None:
+    """Register the tabular provider in WORLDS unless it is there (the backend registry calls this each
+    time the llm backend is asked for)."""
+    if "tabular" not in WORLDS:
+        WORLDS.register("tabular")(WorldProvider(kinds=TASKS.names, parse=parse_tabular_task, build=_build))
+
+
+register()

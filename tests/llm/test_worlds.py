@@ -185,3 +185,28 @@ def test_bad_world_sections_are_one_line_errors_naming_the_key(task, key):
         )
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(key), msg
+
+
+def test_worlds_are_registered_even_when_the_llm_backend_was_imported_first():
+    """A process that imported rtpo.llm.build itself (a test, a library caller) before asking for the llm
+    backend still gets the exact worlds: the registry imports and registers its extension every time, not
+    only when it imports the backend (the full suite once failed here, test order dependent)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import rtpo.llm.build\n"
+        "from rtpo.scenario.load import load_scenario\n"
+        "print(load_scenario('scenarios/llm/tiny-cpu-mdp.yaml').task.kind)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)},
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "tool_chain", out.stderr[-500:]
