@@ -22,7 +22,7 @@ import numpy as np
 
 from rtpo.core.methods import RunContext
 from rtpo.core.sampled_eval import IN_RUN_SEED_OFFSET, EvalSplit, SampledEval, in_run_metrics
-from rtpo.llm.model_cache import check_model_dir, tiny_random_model
+from rtpo.llm.model_cache import check_model_dir, publish_model_dir, tiny_random_model
 from rtpo.llm.sampler import TrackedSampler, eval_engine
 from rtpo.llm.schema import (
     FieldsSection,
@@ -162,13 +162,7 @@ def _format_warm_model(cfg: ScenarioConfig, base: Path) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.copytree(base, tmp)
     model.save_pretrained(str(tmp), safe_serialization=True)
-    try:
-        os.replace(tmp, out)
-    except OSError:
-        if not (out / "config.json").is_file():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return publish_model_dir(tmp, out)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
+from rtpo.llm.model_cache import publish_model_dir
 from rtpo.scenario.schema import ConfigError
 
 # the config.json keys that make two models the same architecture and vocabulary
@@ -79,11 +80,6 @@ def resolve_init(init: str, base: Path, cache: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.parent.mkdir(parents=True, exist_ok=True)
         _export(p, latest, base, tmp)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            if not (out / "config.json").is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        publish_model_dir(tmp, out)
     _check_same(out, base)
     return out

@@ -37,10 +37,16 @@ def tiny_random_model(cache: str | os.PathLike, seed: int, tokenizer: str = "qwe
         build_tiny_qwen3(
             tmp, tokenizer=train_tiny_tokenizer(512, corpus), spec=TinyQwen3Spec(), seed=seed, init_std=init_std
         )
+    return publish_model_dir(tmp, out)
+
+
+def publish_model_dir(tmp: Path, out: Path) -> Path:
+    """Move the finished model folder `tmp` to `out` atomically (`out` appears complete or not at all, so a
+    reader never sees half a model); if another process (a run, or a Ray worker of this run) published the
+    same folder meanwhile, keep its copy and drop `tmp`.  Returns `out`."""
     try:
-        os.replace(tmp, out)  # atomic: `out` appears complete or not at all, so a reader never sees half a model
+        os.replace(tmp, out)
     except OSError:
-        # another process (a run, or a Ray worker of this run) finished the same build meanwhile: keep its copy
         if not (out / "config.json").is_file():
             raise
         shutil.rmtree(tmp, ignore_errors=True)
