@@ -117,6 +117,19 @@ class Harness:
                 return name
         return "head" if node_id == self.cluster.head_node.node_id else node_id
 
+    def live_node_of(self, actor, timeout_s: float = 180.0) -> str:
+        """The name of the live node an actor runs on.  An actor on a node killed earlier can still answer
+        for a moment (the driver calls it directly, and its process outlives the raylet briefly, longer on a
+        loaded machine): such an answer is waited out until Ray has restarted the actor on a live node."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            name = self.name_of(node_of(actor, timeout_s))
+            if name in self.nodes:
+                return name
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"actor still on a lost node ({name}) after {timeout_s:.0f} s")
+            time.sleep(0.2)
+
     def kill(self, name: str, during: str) -> None:
         """SIGKILL a whole node: its raylet, object store and every worker process on it."""
         self.events.append({"during": during, "node": name, "phase_lines": len(self.lines())})
@@ -177,7 +190,7 @@ class Harness:
                     def killing_submit(w, c):
                         sent[0] += 1
                         if sent[0] == 3:
-                            self.kill(self.name_of(node_of(pool.workers[0])), "rollout")
+                            self.kill(self.live_node_of(pool.workers[0]), "rollout")
                         return submit(w, c)
 
                     return inner(n, killing_submit, lock)
@@ -194,7 +207,7 @@ class Harness:
             def load_weights(pool, weights):
                 counts["syncs"] += 1
                 if counts["syncs"] == 3:
-                    self.kill(self.name_of(node_of(pool.workers[0])), "sync")
+                    self.kill(self.live_node_of(pool.workers[0]), "sync")
                 return original(pool, weights)
 
             return load_weights
@@ -203,7 +216,7 @@ class Harness:
             def train_step(learner, batch, loss):
                 counts["steps"] += 1
                 if counts["steps"] == 12:
-                    self.kill(self.name_of(node_of(learner.workers[0])), "train_step")
+                    self.kill(self.live_node_of(learner.workers[0]), "train_step")
                 return original(learner, batch, loss)
 
             return train_step
