@@ -33,6 +33,7 @@ class ScenarioFactory:
     """
 
     cfg: Any
+    run_tool: Any = None  # the tool workers' runner (an ActorTool) for the rollout role's environment
 
     def __call__(self, role: str = "driver") -> RunContext:
         from rtpo.scenario.backends import get_backend
@@ -40,8 +41,14 @@ class ScenarioFactory:
         spec = get_backend(self.cfg.backend.kind)
         build_role = getattr(spec, "build_role", None)
         if build_role is not None:
+            if role == "rollout" and self.run_tool is not None:
+                return build_role(self.cfg, role, run_tool=self.run_tool)
             return build_role(self.cfg, role)
         return spec.build(self.cfg).ctx
+
+    def with_tools(self, run_tool: Any) -> ScenarioFactory:
+        """The same factory whose rollout workers send their tool calls to `run_tool` (wrap_with_ray)."""
+        return dataclasses.replace(self, run_tool=run_tool)
 
 
 def distribute(
@@ -76,7 +83,20 @@ def distribute(
         # small machine is fine for actors that mostly wait), so the default layout always places
         need = math.ceil(sum(b.get("CPU", 0.0) for b in res.bundles()))
         num_cpus = max(os.cpu_count() or 1, need)
-    ctx = wrap_with_ray(ScenarioFactory(cfg), res, address, driver=local, num_cpus=num_cpus)
+    tool_factory = None
+    if res.tool_workers > 0:
+        from rtpo.scenario.backends import get_backend
+        from rtpo.scenario.schema import ConfigError
+
+        make = getattr(get_backend(cfg.backend.kind), "tool_factory", None)
+        tool_factory = make(cfg) if make is not None else None
+        if tool_factory is None:
+            raise ConfigError(
+                f"resources.tool_workers: {res.tool_workers} tool workers, but this scenario "
+                f"({cfg.backend.kind} backend, task kind {getattr(cfg.task, 'kind', '?')}) has no tool calls "
+                "that run on them; set it to 0"
+            )
+    ctx = wrap_with_ray(ScenarioFactory(cfg), res, address, tool_factory=tool_factory, driver=local, num_cpus=num_cpus)
 
     def evaluate() -> dict[str, float]:
         if ctx.learner is not local.learner:

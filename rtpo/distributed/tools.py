@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,3 +63,43 @@ class PoolTool:
 
     def __call__(self, *args: Any) -> Any:
         return self.pool.map([args], lock=self._lock)[0]
+
+
+@dataclass(frozen=True)
+class ActorTool:
+    """A picklable `tool(*args)` over a RayToolPool's actors, for use inside other actors (a rollout
+    worker's environment: LLMEnv(run_tool=ActorTool(...)), wired by wrap_with_ray).  Each call goes to the
+    next actor in turn; an actor Ray is restarting is waited for, a dead one is skipped (the call runs on
+    the next), so a call is lost only when every tool actor is gone, and then it raises, naming that.
+    Tools must be idempotent per call, as for RayToolPool."""
+
+    actors: tuple
+    wait_s: float = 120.0
+
+    def __call__(self, *args: Any) -> Any:
+        import ray
+
+        rex = ray.exceptions
+        start = next(_TURNS) % len(self.actors)
+        errors = []
+        for k in range(len(self.actors)):
+            actor = self.actors[(start + k) % len(self.actors)]
+            deadline = time.monotonic() + self.wait_s
+            while True:
+                try:
+                    return ray.get(actor.run.remote(args))
+                except rex.ActorUnavailableError:  # being restarted by Ray: wait for it
+                    if time.monotonic() > deadline:
+                        errors.append("unavailable")
+                        break
+                    time.sleep(0.05)
+                except rex.RayActorError as e:  # died for good (or died holding this call): try the next
+                    errors.append(type(e).__name__)
+                    if isinstance(e, rex.ActorDiedError) or time.monotonic() > deadline:
+                        break
+        raise RuntimeError(
+            f"every tool worker failed this call ({', '.join(errors)}); resources.tool_workers lost all actors"
+        )
+
+
+_TURNS = itertools.count()  # process-wide rotation over the tool actors

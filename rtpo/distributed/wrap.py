@@ -13,7 +13,7 @@ from rtpo.core.methods.base import RunContext
 from rtpo.distributed.pool import RayRolloutPool
 from rtpo.distributed.resources import Placement, Resources
 from rtpo.distributed.shards import ShardedEnv, ShardedSampler, build_parts
-from rtpo.distributed.tools import RayToolPool
+from rtpo.distributed.tools import ActorTool, RayToolPool
 from rtpo.distributed.trainer import RayLearner
 
 
@@ -116,7 +116,10 @@ def wrap_with_ray(
         is called once more on the driver (role "driver") for them.
     address: None starts a local cluster (num_cpus CPUs); otherwise the cluster to join ("auto" after
         `ray start --head`, or "ray://host:10001").
-    tool_factory: builds one tool callable per tool worker (resources.tool_workers of them).
+    tool_factory: builds one tool callable per tool worker (resources.tool_workers of them).  A ctx_factory
+        with `with_tools(run_tool)` (rtpo.distributed.ScenarioFactory) gets an ActorTool over those actors
+        for its rollout role, so the rollout workers' tool calls run on the tool workers; ctx.tools is the
+        pool itself (PoolTool(ctx.tools) calls it from the driver).
     """
     res = resources if isinstance(resources, Resources) else Resources.from_dict(resources)
     if res.tool_workers > 0 and tool_factory is None:
@@ -125,15 +128,6 @@ def wrap_with_ray(
     placement = pool = tools = learner = None
     try:
         placement = Placement(res, timeout_s=placement_timeout_s)
-        pool = RayRolloutPool(
-            ctx_factory,
-            res.rollout_workers,
-            num_cpus=res.cpus_per_worker,
-            num_gpus=res.gpus_per_rollout_worker,
-            max_restarts=res.max_restarts,
-            inflight_per_worker=res.inflight_per_worker,
-            strategy=lambda i: placement.strategy("rollout", i),
-        )
         if res.tool_workers > 0:
             tools = RayToolPool(
                 tool_factory,
@@ -142,6 +136,19 @@ def wrap_with_ray(
                 max_restarts=res.max_restarts,
                 strategy=lambda i: placement.strategy("tool", i),
             )
+        rollout_factory = ctx_factory
+        if tools is not None and hasattr(ctx_factory, "with_tools"):
+            # the rollout workers' environments call the tool actors directly (no hop through the driver)
+            rollout_factory = ctx_factory.with_tools(ActorTool(tuple(tools.workers)))
+        pool = RayRolloutPool(
+            rollout_factory,
+            res.rollout_workers,
+            num_cpus=res.cpus_per_worker,
+            num_gpus=res.gpus_per_rollout_worker,
+            max_restarts=res.max_restarts,
+            inflight_per_worker=res.inflight_per_worker,
+            strategy=lambda i: placement.strategy("rollout", i),
+        )
         if driver is None:
             driver = build_parts(ctx_factory, "driver")
         if res.trainer_workers > 0:

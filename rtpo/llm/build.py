@@ -176,9 +176,10 @@ class _RolloutSide:
     engine: Any
 
 
-def _env_maker(cfg: ScenarioConfig, model_dir: Path) -> tuple[Any, list, list]:
+def _env_maker(cfg: ScenarioConfig, model_dir: Path, run_tool: Any = None) -> tuple[Any, list, list]:
     """make_env(task, which) of the scenario, and the two lists it shares with the engine built later:
-    the engine (once built) and the environments waiting for it (an engine-written summary)."""
+    the engine (once built) and the environments waiting for it (an engine-written summary).  run_tool:
+    the python tool's code runner (default: the sandbox in this process; on Ray, the tool workers)."""
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.env import LLMEnv
 
@@ -195,6 +196,8 @@ def _env_maker(cfg: ScenarioConfig, model_dir: Path) -> tuple[Any, list, list]:
         kinds = {}  # rtpo.llm.airline builds its own environment below
     else:
         kinds = {"sandbox": task.sandbox.limits(), "tools": task.tools}
+    if run_tool is not None:
+        kinds["run_tool"] = run_tool
 
     def make_env(t, which):
         try:
@@ -395,10 +398,10 @@ def _world_evaluate(cfg, side, learner, sampler, eval_sampling, model_dir: Path)
     return evaluate, sampled, ("eval/value" if exact is not None else "eval/value_sampled")
 
 
-def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str) -> _RolloutSide:
+def _rollout_side(cfg: ScenarioConfig, model_dir: Path, role: str, run_tool: Any = None) -> _RolloutSide:
     if isinstance(cfg.task, WorldTaskConfig):
         return _world_side(cfg, model_dir, role)
-    make_env, engines, pending = _env_maker(cfg, model_dir)
+    make_env, engines, pending = _env_maker(cfg, model_dir, run_tool)
     env = make_env(load_task(cfg.task, "train"), "train")
     train_task = env.task  # without any dropped problems
     num_queries = len(train_task)
@@ -480,10 +483,27 @@ def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
     return learner
 
 
-def build_role(cfg: ScenarioConfig, role: str) -> RunContext:
+def tool_factory(cfg: ScenarioConfig) -> Any:
+    """One python-tool runner per Ray tool worker (resources.tool_workers): the sandbox, run there.  None
+    when the scenario's environment runs no python code (airline and world tasks, QA without python)."""
+    task = cfg.task
+    if isinstance(task, WorldTaskConfig) or task.kind == "airline" or "python" not in _tool_names(task):
+        return None
+    from rtpo.distributed.tools import StarTool
+    from rtpo.llm.sandbox import run_python
+
+    return StarTool(run_python)
+
+
+def _tool_names(task: Any) -> list[str]:
+    return [t if isinstance(t, str) else next(iter(t), "") for t in (getattr(task, "tools", None) or [])]
+
+
+def build_role(cfg: ScenarioConfig, role: str, run_tool: Any = None) -> RunContext:
     """Only what one role of a distributed run uses (rtpo.distributed.ScenarioFactory calls this).
 
-    rollout: the training env + engine, no learner (a rollout actor holds no optimiser or FSDP shard).
+    rollout: the training env + engine, no learner (a rollout actor holds no optimiser or FSDP shard);
+             run_tool, when given, runs its python tool calls (the Ray tool workers: tool_factory).
     trainer: the learner alone, in the actor's process group when one exists (see _learner).
     driver:  the full build() (the driver also evaluates).
     """
@@ -492,7 +512,7 @@ def build_role(cfg: ScenarioConfig, role: str) -> RunContext:
     model_dir = _model_dir(cfg)
     rng = np.random.default_rng(cfg.seed)
     if role == "rollout":
-        side = _rollout_side(cfg, model_dir, role)
+        side = _rollout_side(cfg, model_dir, role, run_tool)
         return RunContext(env=side.env, sampler=TrackedSampler(side.engine), learner=None, rng=rng)
     if role == "trainer":
         return RunContext(env=None, sampler=None, learner=_learner(cfg, model_dir, role), rng=rng)
@@ -569,6 +589,7 @@ register_backend(
         parse_task=parse_task,
         build=build,
         build_role=build_role,
+        tool_factory=tool_factory,
         task_schemas=task_schemas,
         memory=memory_estimate,
         export=export,

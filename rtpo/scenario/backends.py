@@ -77,7 +77,11 @@ class BackendSpec:
     export:        optional (ScenarioConfig, weights, out, manifest) -> out: write the policy given by
                    `weights` (the learner's full state dict of model weights) as a standalone model folder
                    (llm: a Hugging Face folder); `rtpo export` and `logging.hf_export_every` call it.
-                   A backend without it has nothing to export (`rtpo export` refuses in one line)."""
+                   A backend without it has nothing to export (`rtpo export` refuses in one line).
+    tool_factory:  optional (ScenarioConfig) -> a picklable factory of one tool callable per Ray tool worker
+                   (resources.tool_workers), or None when the scenario makes no tool calls that can run
+                   there; build_role(cfg, "rollout", run_tool=...) then routes the rollout workers' calls
+                   to those workers (rtpo.distributed.distribute)."""
 
     config: type
     parse_task: Callable[[Any], Any]
@@ -88,6 +92,7 @@ class BackendSpec:
     task_schemas: Callable[[], list[dict]] | None = None
     diagnostic: Callable[[ScenarioConfig], list[str]] | None = None
     export: Callable[[ScenarioConfig, dict, Any, dict | None], Any] | None = None
+    tool_factory: Callable[[ScenarioConfig], Any] | None = None
 
 
 BACKENDS: Registry[BackendSpec] = Registry("backend")

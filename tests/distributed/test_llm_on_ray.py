@@ -347,3 +347,48 @@ def test_every_sampled_token_follows_the_policy_the_trainer_sent(which, request,
     for p in run.phases:
         if "consistency/rollout_train_ratio" in p:
             assert abs(p["consistency/rollout_train_ratio"] - 1.0) < 1e-4
+
+
+def test_tool_workers_serve_the_rollout_workers_python_calls(ray_cluster, models):
+    """resources.tool_workers > 0 (the 2x8 layouts) starts: the rollout worker's environment sends its
+    python tool calls to the tool workers (an ActorTool over their actors), which run the sandbox.  The
+    model here never writes a call, so the call is made inside the rollout actor through its environment's
+    own runner.  Mutant: distribute() passing no tool factory fails at the start ("needs a tool_factory")."""
+    from rtpo.distributed.tools import ActorTool
+
+    cfg = _cfg(
+        models,
+        "ray",
+        "resources.rollout_workers=1",
+        "resources.trainer_workers=0",
+        "resources.tool_workers=1",
+        "resources.cpus_per_worker=0.5",
+    )
+    built = distribute(get_backend("llm").build(cfg), cfg, "ray", cfg.resources, cfg.backend.address)
+    try:
+        ctx = built.ctx
+        assert ctx.tools is not None and len(ctx.tools.workers) == 1
+
+        def probe(worker):
+            from rtpo.llm.sandbox import SandboxLimits
+
+            try:
+                result = worker.env.run_tool("print(6 * 7)", SandboxLimits())
+            except RuntimeError as e:
+                return type(worker.env.run_tool).__name__, str(e)
+            return type(worker.env.run_tool).__name__, result.stdout.strip()
+
+        kind, answer = ray.get(ctx.pool.workers[0].__ray_call__.remote(probe))
+        assert kind == ActorTool.__name__, f"the rollout worker's env runs its python calls itself ({kind})"
+        assert answer == "42", answer
+        # a whole iteration runs with the layout
+        method = cfg.method.build()
+        state = method.begin(ctx, np.arange(cfg.budget.queries_per_iteration, dtype=np.int64))
+        while state.pending:
+            method.phase(ctx, state)
+        # the calls ran on the tool worker: without it they fail, naming the lost tool workers
+        ray.kill(ctx.tools.workers[0], no_restart=True)
+        _, answer = ray.get(ctx.pool.workers[0].__ray_call__.remote(probe))
+        assert "every tool worker failed" in answer, answer
+    finally:
+        built.ctx.shutdown()

@@ -248,3 +248,42 @@ def test_the_llm_python_sandbox_runs_on_the_tool_pool_and_survives_a_dead_worker
         assert (got[3].stdout, got[3].ok) == (want.stdout, want.ok)
     finally:
         pool.shutdown()
+
+
+def test_an_actor_tool_serves_calls_from_inside_other_actors_and_skips_dead_tool_workers(ray_cluster):
+    """ActorTool is how a rollout worker's environment reaches the tool workers (wrap_with_ray hands it to
+    ScenarioFactory.with_tools): picklable into a task, each call on one tool actor, a dead actor skipped,
+    and a clear error once every actor is gone.  Mutant: raising on the first RayActorError instead of
+    trying the next actor fails the middle assertion."""
+    sandbox = pytest.importorskip("rtpo.llm.sandbox", reason="the LLM environment (rtpo.llm) is not on this branch")
+    from rtpo.distributed import StarTool
+    from rtpo.distributed.tools import ActorTool
+
+    pool = RayToolPool(StarTool(sandbox.run_python), 2, num_cpus=0.25, max_restarts=0)
+    try:
+        tool = ActorTool(tuple(pool.workers), wait_s=10.0)
+
+        @ray.remote(num_cpus=0)
+        def inside(tool, codes):  # as a rollout actor would call it
+            return [tool(c, sandbox.SandboxLimits()).stdout.strip() for c in codes]
+
+        codes = [f"print({i} * 7)" for i in range(4)]
+        assert ray.get(inside.remote(tool, codes)) == [str(7 * i) for i in range(4)]
+        ray.kill(pool.workers[0], no_restart=True)
+        got = [tool(c, sandbox.SandboxLimits()).stdout.strip() for c in codes]
+        assert got == [str(7 * i) for i in range(4)], "a dead tool worker must be skipped, not fail the call"
+        ray.kill(pool.workers[1], no_restart=True)
+        with pytest.raises(RuntimeError, match="every tool worker failed"):
+            tool("print(1)", sandbox.SandboxLimits())
+    finally:
+        pool.shutdown()
+
+
+def test_tool_workers_for_a_scenario_without_tool_calls_are_refused_before_any_cluster_starts():
+    from rtpo.distributed import distribute
+    from rtpo.scenario.backends import build_backend
+    from rtpo.scenario.load import ConfigError, load_scenario
+
+    cfg = load_scenario(None, ["budget.iterations=1", "resources.tool_workers=1"])
+    with pytest.raises(ConfigError, match=r"resources\.tool_workers: 1 tool workers, but this scenario \(tabular"):
+        distribute(build_backend(cfg), cfg, "ray", cfg.resources, num_cpus=1)
