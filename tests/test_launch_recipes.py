@@ -102,10 +102,11 @@ def cfg():
 
 
 def _scenario_gpus(cfg) -> int:
+    """The placement group's GPUs plus the driver's evaluation engine (tensor_parallel_size GPUs on the head
+    node, outside the group: rtpo.llm.build role driver)."""
     r = cfg.resources
-    return int(
-        r["rollout_workers"] * r["gpus_per_rollout_worker"] + r["trainer_workers"] * r["gpus_per_trainer_worker"]
-    )
+    placed = r["rollout_workers"] * r["gpus_per_rollout_worker"] + r["trainer_workers"] * r["gpus_per_trainer_worker"]
+    return int(placed + cfg.backend.tensor_parallel_size)
 
 
 def test_slurm_script_is_valid_bash_and_asks_for_the_scenarios_gpus(cfg, tmp_path):
@@ -119,6 +120,10 @@ def test_slurm_script_is_valid_bash_and_asks_for_the_scenarios_gpus(cfg, tmp_pat
     assert int(directives["nodes"]) * int(directives["gpus-per-node"]) == _scenario_gpus(cfg) == 16
     assert text.rstrip().endswith(f"rtpo run {SCENARIO}"), "the head node runs the scenario"
     assert text.count("ray start") == 2 and "--head" in text
+    # the head's Ray gets GPUs 0-6, the driver (its evaluation engine) the eighth: nothing shared
+    head = re.search(r"ray start --head.*?--num-gpus=(\d+)", text, re.S)
+    assert head and int(head.group(1)) == 7, "the head node must keep the driver's GPU out of Ray's hands"
+    assert "CUDA_VISIBLE_DEVICES=7 RAY_ADDRESS=" in text, "the driver must run on the GPU Ray does not hand out"
 
 
 def test_rayjob_validates_and_holds_the_scenarios_gpus(cfg):
@@ -131,7 +136,8 @@ def test_rayjob_validates_and_holds_the_scenarios_gpus(cfg):
 
     total = gpus(spec["headGroupSpec"]) + sum(g["replicas"] * gpus(g) for g in spec.get("workerGroupSpecs", []))
     assert total == _scenario_gpus(cfg), f"RayJob holds {total} GPUs, the scenario needs {_scenario_gpus(cfg)}"
-    assert doc["spec"]["entrypoint"] == f"rtpo run {SCENARIO}"
+    assert doc["spec"]["entrypoint"] == f"CUDA_VISIBLE_DEVICES=7 rtpo run {SCENARIO}"
+    assert spec["headGroupSpec"]["rayStartParams"]["num-gpus"] == "7", "the driver's GPU stays out of Ray's hands"
 
 
 def test_cpu_ray_scenario_and_a_non_ray_one(capsys):

@@ -151,3 +151,25 @@ def test_json_output(capsys):
     assert main(["plan", str(ROOT / "scenarios/llm/qwen3-8b-2x8.yaml"), "--hardware", "H200", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["devices_needed"] == 16 and d["fits"] and d["iteration"]["rollouts"] == 1792, d["iteration"]
+
+
+def test_the_ray_driver_holds_the_trainer_groups_weights_in_host_memory_and_the_plan_counts_its_engine():
+    """On Ray with a trainer group the driver's learner only holds weights for evaluation: one rank on the
+    host, so it takes none of the node's GPUs; its evaluation engine does take tensor_parallel_size GPUs,
+    which the plan counts (16 = 7 rollout + 8 trainer + 1 driver for the 2x8 file).  Mutants: the driver's
+    learner built with backend.world_size ranks on the device, or the driver's engine left out of the count."""
+    from rtpo.llm.build import driver_learner_layout
+
+    cfg = _cfg("qwen3-8b-2x8")
+    assert driver_learner_layout(cfg) == (1, "cpu")
+    alone = load_scenario(
+        str(ROOT / "scenarios/llm/qwen3-8b-2x8.yaml"),
+        ["resources.trainer_workers=0", "resources.weight_sync=object_store"],
+    )
+    assert driver_learner_layout(alone)[0] == alone.backend.world_size, "without a trainer group it trains"
+    p = plan(cfg, "H100-80GB")
+    driver = [d for d in p.devices if "driver" in d.device]
+    assert len(driver) == cfg.backend.tensor_parallel_size == 1 and p.devices_needed == 16, [
+        d.device for d in p.devices
+    ]
+    assert any(w.worker.startswith("driver learner") and w.device == "host" for w in p.workers)

@@ -30,21 +30,41 @@ class ClusterShape:
     nodes: int
     gpus_per_node: int
     cpus_per_node: int
+    driver_gpus: int = 0  # of `gpus`: the driver's own (its evaluation engine), kept out of Ray's hands
+
+    @property
+    def head_ray_gpus(self) -> int:
+        """The GPUs the head node offers Ray: its GPUs less the driver's (Ray hands out ids 0..n−1 of a
+        node started with --num-gpus=n, so the driver takes the last ones)."""
+        return self.gpus_per_node - self.driver_gpus
+
+    @property
+    def driver_devices(self) -> str:
+        """CUDA_VISIBLE_DEVICES of the driver process on the head node."""
+        return ",".join(str(i) for i in range(self.head_ray_gpus, self.gpus_per_node))
 
 
 def cluster_shape(cfg: Any, gpus_per_node: int = 8) -> ClusterShape:
-    """Nodes of `gpus_per_node` GPUs holding every rollout, trainer and tool actor of cfg.resources (plus
-    the driver's CPU), as rtpo.distributed.resources.Resources lays out its bundles."""
+    """Nodes of `gpus_per_node` GPUs holding every rollout, trainer and tool actor of cfg.resources, the
+    driver's CPU and, for an llm scenario, the driver's evaluation engine (backend.tensor_parallel_size GPUs
+    on the head node, outside the placement group: rtpo.llm.build role driver; rtpo plan counts them too),
+    as rtpo.distributed.resources.Resources lays out its bundles."""
     from rtpo.distributed.resources import Resources
 
     if cfg.backend.distributed != "ray":
         raise ValueError(f"backend.distributed is {cfg.backend.distributed!r}: a launch recipe is for Ray runs")
     r = Resources.from_dict(cfg.resources)
-    gpus = math.ceil(r.rollout_workers * r.gpus_per_rollout_worker + r.trainer_workers * r.gpus_per_trainer_worker)
+    placed = math.ceil(r.rollout_workers * r.gpus_per_rollout_worker + r.trainer_workers * r.gpus_per_trainer_worker)
+    driver = int(getattr(cfg.backend, "tensor_parallel_size", 1) or 1) if placed and cfg.backend.kind == "llm" else 0
+    gpus = placed + driver
+    if driver > gpus_per_node:
+        raise ValueError(f"the driver's engine needs {driver} GPUs, more than a node's {gpus_per_node}")
     actors = r.rollout_workers + r.trainer_workers + r.tool_workers
     cpus = math.ceil(actors * r.cpus_per_worker) + 1  # + the driver
     nodes = max(1, math.ceil(gpus / gpus_per_node)) if gpus else 1
-    return ClusterShape(gpus, cpus, nodes, min(gpus_per_node, gpus) if gpus else 0, math.ceil(cpus / nodes))
+    return ClusterShape(
+        gpus, cpus, nodes, min(gpus_per_node, gpus) if gpus else 0, math.ceil(cpus / nodes), driver_gpus=driver
+    )
 
 
 def render_slurm(cfg: Any, scenario: str, gpus_per_node: int = 8, overrides: tuple[str, ...] = ()) -> str:
@@ -53,6 +73,12 @@ def render_slurm(cfg: Any, scenario: str, gpus_per_node: int = 8, overrides: tup
     s = cluster_shape(cfg, gpus_per_node)
     run = " ".join(shlex.quote(a) for a in ("rtpo", "run", scenario, *overrides))
     gpu_line = f"#SBATCH --gpus-per-node={s.gpus_per_node}\n" if s.gpus_per_node else ""
+    driver_env = (
+        f"# the driver's evaluation engine: the head node's GPU(s) Ray does not hand out\n"
+        f"CUDA_VISIBLE_DEVICES={s.driver_devices} "
+        if s.driver_gpus
+        else ""
+    )
     return f"""#!/bin/bash
 #SBATCH --job-name={shlex.quote(cfg.name)}
 #SBATCH --nodes={s.nodes}
@@ -66,14 +92,14 @@ head=${{nodes[0]}}
 head_ip=$(srun --nodes=1 --ntasks=1 -w "$head" hostname --ip-address | awk '{{print $1}}')
 port=6379
 srun --nodes=1 --ntasks=1 -w "$head" ray start --head --node-ip-address="$head_ip" --port=$port \\
-  --num-cpus={s.cpus_per_node} --num-gpus={s.gpus_per_node} --block &
+  --num-cpus={s.cpus_per_node} --num-gpus={s.head_ray_gpus} --block &
 sleep 20
 for node in "${{nodes[@]:1}}"; do
   srun --nodes=1 --ntasks=1 -w "$node" ray start --address="$head_ip:$port" \\
     --num-cpus={s.cpus_per_node} --num-gpus={s.gpus_per_node} --block &
 done
 sleep 20
-RAY_ADDRESS="$head_ip:$port" srun --overlap --nodes=1 --ntasks=1 -w "$head" {run}
+{driver_env}RAY_ADDRESS="$head_ip:$port" srun --overlap --nodes=1 --ntasks=1 -w "$head" {run}
 """
 
 
@@ -97,10 +123,16 @@ def render_rayjob(cfg: Any, scenario: str, image: str, gpus_per_node: int = 8, o
             },
         }
 
+    entry = " ".join(shlex.quote(a) for a in ("rtpo", "run", scenario, *overrides))
+    if s.driver_gpus:  # the driver's evaluation engine: the head pod's GPU(s) Ray does not hand out
+        entry = f"CUDA_VISIBLE_DEVICES={s.driver_devices} {entry}"
+    head = {"dashboard-host": "0.0.0.0"}
+    if s.gpus_per_node:
+        head["num-gpus"] = str(s.head_ray_gpus)
     spec: dict = {
-        "entrypoint": " ".join(shlex.quote(a) for a in ("rtpo", "run", scenario, *overrides)),
+        "entrypoint": entry,
         "shutdownAfterJobFinishes": True,
-        "rayClusterSpec": {"headGroupSpec": pod({"dashboard-host": "0.0.0.0"})},
+        "rayClusterSpec": {"headGroupSpec": pod(head)},
     }
     if s.nodes > 1:
         worker = pod({})

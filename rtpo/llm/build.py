@@ -44,6 +44,7 @@ __all__ = [  # the moved pieces stay importable from rtpo.llm.build
     "TrackedSampler",
     "build",
     "build_role",
+    "driver_learner_layout",
     "context_limit",
     "export",
     "load_task",
@@ -468,19 +469,31 @@ def _learner(cfg: ScenarioConfig, model_dir: Path, role: str) -> Any:
         return FSDPLearner(
             model_dir, lcfg, rank=dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend()
         )
-    device = _device(b)
+    world_size, device = driver_learner_layout(cfg) if role == "driver" else (b.world_size, _device(b))
     backend = "gloo" if device != "cuda" else None  # None: NCCL on the GPUs
     learner = launch_learner(
         model_dir,
         lcfg,
-        world_size=b.world_size,
+        world_size=world_size,
         backend=backend,
         threads_per_rank=b.threads_per_rank,
         device=None if device == "cuda" else device,  # cuda: each rank's own GPU
     )
-    if b.world_size > 1:
+    if world_size > 1:
         atexit.register(learner.close)
     return learner
+
+
+def driver_learner_layout(cfg: ScenarioConfig) -> tuple[int, str]:
+    """(ranks, device) of the driver's learner.  On Ray with a trainer group the driver's learner never
+    trains: it holds the group's weights for evaluation (rtpo.distributed.distribute), so it is one rank in
+    host memory (no optimiser state is ever allocated: AdamW's is lazy) and takes none of the node's
+    devices; otherwise it is the run's learner, backend.world_size ranks on backend.device."""
+    b: LLMBackendConfig = cfg.backend
+    trainers = (cfg.resources or {}).get("trainer_workers", 1)
+    if b.distributed == "ray" and trainers > 0:
+        return 1, "cpu"
+    return b.world_size, _device(b)
 
 
 def tool_factory(cfg: ScenarioConfig) -> Any:

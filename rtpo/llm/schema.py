@@ -139,7 +139,11 @@ class LLMTaskConfig(BaseModel):
     )
     sandbox: SandboxSection = Field(default_factory=SandboxSection, description="limits of one tool call")
     tools: list[str | dict[str, Any]] = Field(
-        ["python"], min_length=1, description="tools offered (rtpo.llm.tools registry names or {name: params})"
+        ["python"],
+        min_length=1,
+        description="tools offered (rtpo.llm.tools registry names or {name: params}); "
+        "{mcp: {command, args, env, cwd, tools, prefix, startup_timeout_s, call_timeout_s, max_output_chars, "
+        "max_restarts}} offers every tool of a Model Context Protocol stdio server (docs/tools.md)",
     )
     answer_parse: Literal["boxed", "last_integer", "last_digit"] = Field(
         "boxed",

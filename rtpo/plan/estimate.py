@@ -432,6 +432,23 @@ def _train_time(p: PhasePlan, cfg, shape: ModelShape, hw: Hardware, ranks: int) 
     return flops / rate + optimizer, epochs * micro * hw.train_step_overhead_s
 
 
+def _one_node(
+    workers: list, devices: list, eng_items: list, rank_items: list, tp: int, ranks: int, cap: float, who: str
+) -> None:
+    """Devices of one node's engine and learner, as rtpo.llm.build places them: the engine's tp devices are
+    shared with learner ranks 0..tp-1, further ranks get their own."""
+    start = len(devices)
+    for d in range(max(ranks, tp)):
+        here = []
+        if d < tp:
+            here.append(WorkerMemory(f"{who}engine" + (f" (tp {d})" if tp > 1 else ""), "gpu", tuple(eng_items)))
+        if d < ranks:
+            here.append(WorkerMemory(f"{who}learner rank {d}", "gpu", tuple(rank_items)))
+        workers.extend(here)
+        name = f"gpu {start + d}" + (f" ({who.strip()})" if who else "")
+        devices.append(DeviceMemory(name, tuple(here), cap))
+
+
 def plan(cfg, hardware: str | Hardware | None = None, assumptions: Assumptions | None = None) -> Plan:
     """The plan of a resolved llm scenario (ScenarioConfig) on `hardware` (a table name, a file, a
     Hardware, or None: this machine)."""
@@ -489,22 +506,25 @@ def plan(cfg, hardware: str | Hardware | None = None, assumptions: Assumptions |
             workers.append(w)
             if lay.ranks_on_devices:
                 devices.append(DeviceMemory(f"gpu {len(devices)} ({w.worker})", (w,), hw.memory_bytes))
+        # the driver builds its own engine for evaluation (rtpo.llm.build, role driver) on its node's devices,
+        # outside the placement group, and a one-rank learner in host memory that only holds the trainer
+        # group's weights for it (rtpo.llm.build.driver_learner_layout): counted here
+        placed = len(devices)
+        for t in range(lay.tp):
+            w = WorkerMemory("driver engine" + (f" (tp {t})" if lay.tp > 1 else ""), eng_dev, tuple(eng_items))
+            workers.append(w)
+            devices.append(DeviceMemory(f"gpu {len(devices)} ({w.worker})", (w,), hw.memory_bytes))
+        weights = [item for item in learner_memory(cfg, shape, 1, micro_tokens, micro_resp) if item[0] == "weights"]
+        workers.append(WorkerMemory("driver learner (weights for evaluation)", "host", tuple(weights)))
         needed = len(devices)
         notes.append(
-            f"the driver builds its own engine ({lay.tp} device(s)) and a {b.world_size}-rank learner for "
-            "evaluation (rtpo.llm.build, role driver): devices outside the placement group, not counted above"
+            f"{needed - placed} of the {needed} devices are the driver's evaluation engine (rtpo.llm.build role "
+            "driver): outside the placement group, on the node the driver runs on; its learner holds the "
+            "trainer group's weights in host memory"
         )
     else:  # one node: the engine's tp devices are shared with learner ranks 0..tp-1
-        n = max(lay.ranks, lay.tp)
-        for d in range(n):
-            here = []
-            if d < lay.tp:
-                here.append(WorkerMemory("engine" + (f" (tp {d})" if lay.tp > 1 else ""), "gpu", tuple(eng_items)))
-            if d < lay.ranks:
-                here.append(WorkerMemory(f"learner rank {d}", "gpu", tuple(rank_items)))
-            workers.extend(here)
-            devices.append(DeviceMemory(f"gpu {d}", tuple(here), hw.memory_bytes))
-        needed = n
+        _one_node(workers, devices, eng_items, rank_items, lay.tp, lay.ranks, hw.memory_bytes, "")
+        needed = len(devices)
     if kv_tokens < (b.max_model_len or 0):
         notes.append(
             f"the engine's KV cache holds {kv_tokens:.0f} tokens, fewer than one sequence of max_model_len "

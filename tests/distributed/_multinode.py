@@ -159,6 +159,34 @@ class Harness:
             "nodes": {self.name_of(n["NodeID"]): n["Resources"] for n in ray.nodes() if n["Alive"]},
         }
 
+    def tool_layout(self) -> dict:
+        """The layout again on the two nodes left, with two tool workers: every actor (rollout, trainer,
+        tool) runs on the node its bundle was placed on, and the tool pool answers."""
+        import operator
+
+        from rtpo.distributed import PoolTool, StarTool, wrap_with_ray
+        from rtpo.distributed.examples import TabularToolChain
+
+        layout = {**LAYOUT, "tool_workers": 2}
+        ctx = wrap_with_ray(
+            TabularToolChain(num_turns=2, num_actions=2),
+            layout,
+            self.cluster.address,
+            tool_factory=StarTool(operator.neg),
+        )
+        try:
+            table = ray.util.placement_group_table(ctx.placement.group)
+            bundles = {int(i): self.name_of(n) for i, n in table["bundles_to_node_id"].items()}
+            return {
+                "bundles": bundles,
+                "rollout": [self.name_of(node_of(w)) for w in ctx.pool.workers],
+                "trainer": [self.name_of(node_of(w)) for w in ctx.learner.workers],
+                "tool": [self.name_of(node_of(w)) for w in ctx.tools.workers],
+                "tool_answers": [PoolTool(ctx.tools)(x) for x in (3, -4)],
+            }
+        finally:
+            ctx.shutdown()
+
     def install(self) -> None:
         """Kill the rollout workers' node as the 3rd chunk of the 2nd rollout call goes out, the (new)
         rollout node as the 3rd weight sync begins (iteration 0), and the trainer's node as the 12th train step is
@@ -265,6 +293,7 @@ def main() -> None:
         report["placement"] = h.placement
         report["events"] = h.events
         report["nodes_left"] = sorted(h.nodes)
+        report["tool_layout"] = h.tool_layout()
     finally:
         if ray.is_initialized():
             ray.shutdown()

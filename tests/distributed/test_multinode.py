@@ -65,6 +65,17 @@ def test_placement_follows_the_resources_section(report):
         assert p["nodes"][node].get("GPU") == 2.0, f"{node} is not a 2-GPU worker node: {p['nodes'][node]}"
 
 
+def test_tool_workers_are_placed_on_their_bundles_nodes(report):
+    """The 2x8 layouts' third kind of worker: tool actors get bundles after the rollout and trainer ones
+    (Resources.bundles) and run where those were placed; the pool answers from them."""
+    t = report["tool_layout"]
+    bundles = [t["bundles"][str(i)] for i in range(6)]
+    assert t["rollout"] == bundles[:2] and t["trainer"] == bundles[2:4], f"actors not on their bundles: {t}"
+    assert t["tool"] == bundles[4:], f"tool actors not on their bundles' nodes: {t}"
+    assert set(bundles) <= set(report["nodes_left"]), f"a bundle on a lost node: {t}"
+    assert t["tool_answers"] == [-3, 4]
+
+
 def test_three_whole_nodes_were_lost_where_intended(report):
     events = report["events"]
     assert [e["during"] for e in events] == ["rollout", "sync", "train_step"], events
