@@ -32,6 +32,7 @@ import os
 import resource
 import signal
 import sys
+import time
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -90,14 +91,28 @@ def _limits(cfg):
     resource.setrlimit(resource.RLIMIT_NPROC, (lim["max_processes"], lim["max_processes"]))
 
 
-def _wait_and_relay(pid, wall_time_s=None):
-    # The parent stops a run with SIGTERM to this launcher: kill PID 1 and wait for it.  PID 1 exits only
-    # after the kernel has killed and reaped every process of its namespace, so when the launcher exits
-    # nothing of the run is left.  The launcher also enforces the wall limit itself (SIGALRM a second
-    # after it: the caller's own deadline comes first and reports it), so a caller that stops watching
-    # cannot leave a program running; and it dies with its caller (PR_SET_PDEATHSIG, set in main), which
-    # kills PID 1 (its own PDEATHSIG) and so the whole namespace.
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
+# The launcher's own stop request (SIGTERM: from the caller's _stop, or the parent-death signal when the
+# caller dies): kill PID 1 once it exists, and remember the request when it comes before.
+_STOP = {"pid": None, "requested": False}
+
+
+def _on_stop(*_):
+    _STOP["requested"] = True
+    if _STOP["pid"]:
+        os.kill(_STOP["pid"], signal.SIGKILL)
+
+
+def _wait_and_relay(cfg, pid):
+    # The parent stops a run with SIGTERM to this launcher, and the kernel sends the same when the caller
+    # dies (PR_SET_PDEATHSIG, set in main): kill PID 1 and wait for it.  PID 1 exits only after the kernel
+    # has killed and reaped every process of its namespace, so when the launcher exits nothing of the run
+    # is left; it removes the call's cgroups on its way out, since a dead caller cannot.  The launcher also
+    # enforces the wall limit itself (SIGALRM a second after it: the caller's own deadline comes first and
+    # reports it), so a caller that stops watching cannot leave a program running.
+    _STOP["pid"] = pid
+    if _STOP["requested"]:
+        os.kill(pid, signal.SIGKILL)
+    wall_time_s = cfg.get("wall_time_s")
     if wall_time_s:
         signal.signal(signal.SIGALRM, lambda *_: os.kill(pid, signal.SIGKILL))
         signal.alarm(int(wall_time_s) + 2)
@@ -107,6 +122,7 @@ def _wait_and_relay(pid, wall_time_s=None):
             break
         except InterruptedError:
             continue
+    _leave_cgroups()
     if os.WIFSIGNALED(status):
         os._exit(128 + os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status))
@@ -144,6 +160,7 @@ def _enter_cgroups(cfg):
     lim = cfg["limits"]
     pid = str(os.getpid())
     parents = cfg.get("cgroup_parents") or {}  # the caller's own cgroups: the call's nest under them
+    made = _CGROUPS
     v2 = parents.get("v2", "/sys/fs/cgroup")
     try:
         if os.path.exists(v2 + "/cgroup.controllers"):
@@ -151,6 +168,7 @@ def _enter_cgroups(cfg):
             if "memory" in ctrl and "pids" in ctrl:
                 d = os.path.join(v2, name)
                 os.mkdir(d)
+                made.append((os.open(v2, os.O_RDONLY | os.O_DIRECTORY), name))
                 _write(d + "/memory.max", lim["memory_bytes"])
                 _write(d + "/memory.swap.max", 0, required=False)
                 _write(d + "/pids.max", lim["max_processes"])
@@ -161,7 +179,9 @@ def _enter_cgroups(cfg):
         if os.path.isdir(mem) and os.path.isdir(pids):
             dm, dp = os.path.join(mem, name), os.path.join(pids, name)
             os.mkdir(dm)
+            made.append((os.open(mem, os.O_RDONLY | os.O_DIRECTORY), name))
             os.mkdir(dp)
+            made.append((os.open(pids, os.O_RDONLY | os.O_DIRECTORY), name))
             _write(dm + "/memory.limit_in_bytes", lim["memory_bytes"])
             _write(dm + "/memory.memsw.limit_in_bytes", lim["memory_bytes"], required=False)
             _write(dp + "/pids.max", lim["max_processes"])
@@ -171,6 +191,35 @@ def _enter_cgroups(cfg):
     except OSError:
         pass
     return "process"
+
+
+# (fd of the parent, name) of each cgroup this launcher made, removed by _leave_cgroups.  By fd, because
+# PID 1's pivot_root takes the host's file system away from the launcher too (they share the mount
+# namespace).  The fds are close-on-exec, so the program never holds one.
+_CGROUPS = []
+
+
+def _leave_cgroups():
+    """Move the launcher back to the caller's cgroups and remove the call's own: they are empty once PID 1
+    is reaped.  The caller removes them too (rtpo.llm.sandbox._remove_cgroups), unless it died."""
+    for parent, _ in _CGROUPS:
+        try:
+            fd = os.open("cgroup.procs", os.O_WRONLY, dir_fd=parent)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+    for parent, name in _CGROUPS:
+        for _ in range(100):  # the kernel may take a moment to release a just-emptied cgroup
+            try:
+                os.rmdir(name, dir_fd=parent)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
 
 
 def _write(path, value, required=True):
@@ -198,7 +247,8 @@ def _namespaces(cfg, code):
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     pid = os.fork()
     if pid:
-        _wait_and_relay(pid, cfg.get("wall_time_s"))
+        _wait_and_relay(cfg, pid)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # PID 1 of the new namespace from here on: it stays root, builds the sandbox's root, runs the program
     # as PID 2 (PID 1 ignores default-action signals such as SIGXCPU, so user code must not be PID 1) and
     # exits with its status, at which point the kernel kills whatever else the program left behind.
@@ -292,10 +342,14 @@ def _rlimits_only(cfg, code):
     os.execve(python, [python, "-I", "-u", "-c", _GUARD], env)  # PDEATHSIG survives execve too
 
 
-def _die_with_parent(cfg):
-    """SIGKILL this launcher when the process that started it dies (SIGKILL included); a caller that died
-    before this line is noticed by the parent pid having changed."""
-    _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def _die_with_parent(cfg, sig):
+    """Send this launcher `sig` when the thread that started it ends, which for rtpo.llm.sandbox is never
+    before the call ends (run_python forks and waits in the same thread) unless the caller itself dies,
+    SIGKILL included.  A caller that died before this line is noticed by the parent pid having changed.
+    Namespaces mode asks for SIGTERM, which the launcher (root, out of the program's reach) catches to kill
+    PID 1 and remove the call's cgroups; in rlimits mode the launcher becomes the program, which could
+    ignore SIGTERM, so it asks for SIGKILL."""
+    _libc().prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     parent = cfg.get("parent_pid")
     if parent is not None and os.getppid() != parent:
         os._exit(125)
@@ -303,7 +357,11 @@ def _die_with_parent(cfg):
 
 def main():
     cfg = json.loads(sys.argv[1])
-    _die_with_parent(cfg)
+    if cfg["mode"] == "namespaces":
+        signal.signal(signal.SIGTERM, _on_stop)
+        _die_with_parent(cfg, signal.SIGTERM)
+    else:
+        _die_with_parent(cfg, signal.SIGKILL)
     code = sys.stdin.buffer.read()
     # the program gets an empty stdin, never the launcher's pipe
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -312,6 +370,9 @@ def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if cfg["mode"] == "namespaces":
         scope = _enter_cgroups(cfg)  # before unshare: cgroup.procs takes host pids
+        if _STOP["requested"]:  # stopped (or orphaned) before the program ever ran
+            _leave_cgroups()
+            os._exit(128 + signal.SIGTERM)
         if scope == "process":  # no per-call cgroup: split the call's memory over its processes
             lim = cfg["limits"]
             lim["memory_bytes"] = max(lim["memory_bytes"] // lim["max_processes"], 1)

@@ -1,6 +1,6 @@
-"""The `llm` backend's wiring: the builder that puts a tool-use environment (math, QA search or airline),
-an engine (vLLM or HF) and the FSDP2 learner into the core's RunContext, per role of a distributed run,
-plus the backend's evaluation and export hooks.
+"""The `llm` backend's wiring: the builder that puts a tool-use environment (math, QA search, airline or a
+registered text environment), an engine (vLLM or HF) and the FSDP2 learner into the core's RunContext, per
+role of a distributed run, plus the backend's evaluation and export hooks.
 
 Importing this module registers the backend (rtpo.scenario.backends).  A tabular scenario's `method`, `budget`,
 `train`, `eval` and `logging` sections work unchanged; `backend` and `task` are the LLM ones of
@@ -200,8 +200,8 @@ def _env_maker(cfg: ScenarioConfig, model_dir: Path, run_tool: Any = None) -> tu
 
     if task.kind in QA_KINDS:  # multi-hop QA: the search tool over one retriever, F1/EM scoring
         kinds = qa_env_kwargs(task, build_retriever(task), model_dir)
-    elif task.kind == "airline":
-        kinds = {}  # rtpo.llm.airline builds its own environment below
+    elif task.kind in ("airline", "text"):
+        kinds = {}  # rtpo.llm.airline / rtpo.llm.textenv build their own environments below
     else:
         kinds = {"sandbox": task.sandbox.limits(), "tools": task.tools}
     if run_tool is not None:
@@ -249,6 +249,10 @@ def _env_maker(cfg: ScenarioConfig, model_dir: Path, run_tool: Any = None) -> tu
         from rtpo.llm.airline.build import airline_env_factory
 
         make_env = airline_env_factory(task, tokenizer, limit, model_dir, b.max_model_len)
+    elif task.kind == "text":  # a registered text environment (rtpo.llm.textenv)
+        from rtpo.llm.textenv import text_env_factory
+
+        make_env = text_env_factory(task, tokenizer, limit)
     return make_env, engines, pending
 
 

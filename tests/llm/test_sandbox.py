@@ -230,39 +230,88 @@ def test_concurrent_calls_are_isolated_from_each_other():
 
 
 _CALLER = r"""
-import sys, threading, time
+import json, os, sys, threading, time
 from rtpo.llm import sandbox
-from rtpo.llm.sandbox import SandboxLimits, run_python
-threading.Thread(target=run_python, args=("import time\ntime.sleep(300)\n", SandboxLimits(wall_time_s=300.0)), daemon=True).start()
-while True:
-    pids = [int(d) for d in __import__("os").listdir("/proc") if d.isdigit() and __import__("os").stat(f"/proc/{d}").st_uid >= sandbox._UID_BASE]
-    if pids:
-        print("running", flush=True)
+from rtpo.llm.sandbox import SandboxLimits
+
+mode = sys.argv[1]
+if mode == "namespaces":  # the isolation probe's own call is over before ours starts
+    assert sandbox.isolation_mode() == "namespaces", sandbox.isolation_problem()
+lim = SandboxLimits(wall_time_s=300.0, cpu_time_s=300)
+
+
+def call():  # the env's way: a tool call on a worker thread, which forks the launcher and waits in it
+    sandbox._run("import time\ntime.sleep(300)\n", lim, mode)
+
+
+def stat(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[1]), int(fields[19])  # ppid, start time
+
+
+def descendants():
+    ppid = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid[int(d)] = stat(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    found, todo = {}, [os.getpid()]
+    while todo:
+        parent = todo.pop()
+        for pid, (pp, start) in ppid.items():
+            if pp == parent and pid not in found:
+                found[pid] = start
+                todo.append(pid)
+    return found
+
+
+threading.Thread(target=call, daemon=True).start()
+while True:  # until the program itself runs (its command line names main.py), launcher and all
+    procs = descendants()
+    running = []
+    for pid in procs:
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue
+        if b"main.py" in cmd and (mode != "namespaces" or uid >= sandbox._UID_BASE):
+            running.append(uid)
+    if running:
+        print(json.dumps({"procs": sorted(procs.items()), "uid": running[0]}), flush=True)
         break
-    time.sleep(0.05)
+    time.sleep(0.02)
 time.sleep(600)
 """
 
 
-def _launchers_of(pid: int) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if b"_sandbox_launcher" in cmd and f'"parent_pid": {pid}'.encode() in cmd:
-                out.append(int(d))
-    return out
+def _alive(pid: int, start: int) -> bool:
+    """pid still names the process that had this start time (not a reused pid), and it is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return int(fields[19]) == start and fields[0] != "Z"
 
 
-@kernel
-def test_nothing_outlives_a_caller_killed_mid_call():
-    """SIGKILL the caller while its program sleeps (wall limit 300 s): the launcher dies with it
-    (PR_SET_PDEATHSIG), PID 1 with the launcher, the program with its namespace, so no sandbox process
-    and no launcher is left.  Before: launcher, PID 1 and the program kept running until the program
-    ended.  Mutant: drop _die_with_parent in the launcher and the sleep survives."""
+@pytest.mark.parametrize("mode", [pytest.param("namespaces", marks=kernel), "rlimits"])
+def test_nothing_outlives_a_caller_killed_mid_call(mode):
+    """SIGKILL a caller while its sandboxed program sleeps (wall limit 300 s, started from a worker thread
+    as the env does): every process the call made is gone within seconds, and so are the call's cgroups.
+    The launcher gets the parent-death signal (PR_SET_PDEATHSIG) and kills PID 1, which takes the program
+    with its namespace; in rlimits mode the launcher is the program and gets SIGKILL.  Only the call's own
+    processes are watched (by pid and start time), so other sandboxes on the machine do not matter.
+
+    Mutant: drop `_die_with_parent(...)` from the launcher's main: the launcher, PID 1 and the program
+    (the program alone in rlimits mode) keep sleeping and this fails after 30 s (checked by hand; the test
+    it replaces passed under that mutant, since it killed the caller during the isolation probe's call,
+    before its own call had started).  Mutant: drop `_leave_cgroups()` after PID 1 is reaped: the call's
+    cgroups stay behind (they leaked before)."""
+    import json
     import signal
     import subprocess
     import sys
@@ -271,23 +320,68 @@ def test_nothing_outlives_a_caller_killed_mid_call():
 
     root = Path(__file__).resolve().parents[2]
     caller = subprocess.Popen(
-        [sys.executable, "-c", _CALLER],
+        [sys.executable, "-c", _CALLER, mode],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(root)},
         start_new_session=True,
     )
     try:
-        assert caller.stdout.readline().strip() == "running", "the caller never got its program running"
-        assert _launchers_of(caller.pid), "no launcher of the caller found"
+        line = caller.stdout.readline()
     finally:
         caller.send_signal(signal.SIGKILL)
         caller.wait(timeout=60)
-    deadline = time.monotonic() + 60  # the kernel's teardown is quick; the bound only keeps a failure finite
-    while (_sandbox_processes() or _launchers_of(caller.pid)) and time.monotonic() < deadline:
+    assert line, "the caller never got its program running"
+    seen = json.loads(line)
+    procs = [(pid, start) for pid, start in seen["procs"]]
+    assert len(procs) >= (3 if mode == "namespaces" else 1), f"launcher, PID 1 and program expected, saw {procs}"
+    deadline = time.monotonic() + 30  # the kernel's teardown takes well under a second; this only bounds a failure
+    while any(_alive(*p) for p in procs) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _sandbox_processes() == [], "sandbox processes outlived their SIGKILLed caller"
-    assert _launchers_of(caller.pid) == [], "the launcher outlived its SIGKILLed caller"
+    left = [p for p in procs if _alive(*p)]
+    assert left == [], f"{len(left)} of the call's {len(procs)} processes outlived their SIGKILLed caller: {left}"
+    if mode == "namespaces":
+        name = f"rtpo-sandbox-{seen['uid']}"
+        parents = {*sandbox.cgroup_parents().values(), "/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids"}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(os.path.isdir(os.path.join(d, name)) for d in parents):
+            time.sleep(0.1)
+        leaked = [os.path.join(d, name) for d in parents if os.path.isdir(os.path.join(d, name))]
+        assert leaked == [], f"the dead caller's call left its cgroups behind: {leaked}"
+
+
+def test_calls_from_short_lived_threads_are_not_killed_when_a_thread_ends():
+    """The parent-death signal follows the thread that forked the launcher, not the process.  Each call
+    here runs on a thread started by another thread that has already ended, beside pool workers that
+    come and go: every call must still finish with its output (run_python forks the launcher and waits for
+    it in one thread, so that thread cannot end before the call does).  Mutant: Popen the launcher from a
+    helper thread that ends 0.5 s later, while the call still runs: the calls end killed (signal 9)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    code = "import time\ntime.sleep(1.0)\nprint('finished')"
+    results = []
+
+    def starter():  # starts the calling thread and ends at once, while the call runs
+        t = threading.Thread(target=lambda: results.append(run_python(code, FAST)))
+        t.start()
+        threads.append(t)
+
+    threads: list[threading.Thread] = []
+    for _ in range(2):
+        s = threading.Thread(target=starter)
+        s.start()
+        s.join()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results += list(pool.map(lambda _: run_python(code, FAST), range(2)))
+    for t in threads:
+        t.join(60)
+    assert len(results) == 4
+    for r in results:
+        assert r.ok and r.stdout == "finished\n", (
+            f"a call from a worker thread did not finish: exit {r.exit_code}, signal {r.signal}, "
+            f"error {r.error!r}, stderr {r.stderr[-300:]!r}"
+        )
 
 
 @kernel

@@ -126,11 +126,15 @@ def _short(obj: Any, limit: int = 120) -> str:
 class ToolSet:
     """The tools an environment offers, in order (the order of the system prompt's tool list).
 
-    tools: Tool objects, or registered names (built with default parameters).
+    tools: Tool objects, or registered names (built with default parameters); a list of Tools in place of
+           one (what the `mcp` factory builds: every tool of one server) is spread in order.
     """
 
     def __init__(self, tools: Iterable[Tool | str]) -> None:
-        built = [make_tool(t) if isinstance(t, str) else t for t in tools]
+        built: list = []
+        for t in tools:
+            t = make_tool(t) if isinstance(t, str) else t
+            built.extend(t if isinstance(t, (list, tuple)) else [t])  # a factory may serve several (mcp)
         self.tools: dict[str, Tool] = {}
         for t in built:
             if not isinstance(t, Tool) and not callable(getattr(t, "execute", None)):
