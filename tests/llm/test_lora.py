@@ -164,8 +164,8 @@ def test_export_merges_adapters_into_hf_folder(tiny_model_dir, tmp_path):
 
     Mutant: rtpo.llm.build.export writing base_weights(model_dir) without merge_weights turns it red."""
     from rtpo.llm.build import export
-    from rtpo.llm.engines.hf import HFEngine
     from rtpo.llm.engines.base import SamplingConfig
+    from rtpo.llm.engines.hf import HFEngine
     from rtpo.rundir.checkpoint import _sharded_model_weights
 
     learner = FSDPLearner(tiny_model_dir, LORA_CFG)
