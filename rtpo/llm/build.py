@@ -113,6 +113,13 @@ def _model_dir(cfg: ScenarioConfig) -> Path:
         from rtpo.llm.init import resolve_init
 
         base = resolve_init(b.init, base, Path(b.model_cache))
+    if b.lora.enabled:  # target modules the model lacks: refused before an engine or learner is built
+        from rtpo.llm.lora import check_targets
+
+        try:
+            check_targets(base, b.lora.spec())
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if isinstance(cfg.task, WorldTaskConfig) and cfg.task.format_warmup_steps:
         return _format_warm_model(cfg, base)
     return base
@@ -453,6 +460,7 @@ def learner_config(cfg: ScenarioConfig) -> Any:
         mixed_precision=b.mixed_precision,
         gradient_checkpointing=b.gradient_checkpointing,
         peak_flops=b.peak_flops,
+        lora=b.lora.spec(),
     )
 
 
@@ -586,7 +594,14 @@ def export(cfg: ScenarioConfig, weights: dict, out: Any, manifest: dict | None =
     generation config and tokenizer (rtpo.llm.hf_folder.write_hf_folder)."""
     from rtpo.llm.hf_folder import write_hf_folder
 
-    return write_hf_folder(_model_dir(cfg), weights, out, manifest)
+    model_dir = _model_dir(cfg)
+    if cfg.backend.lora.enabled:  # a LoRA run's checkpoint holds the adapters: merged into the base here
+        from rtpo.llm.lora import base_weights, is_adapter_key, merge_weights
+
+        if not weights or not all(is_adapter_key(k) for k in weights):
+            raise ValueError("a LoRA run's checkpoint must hold LoRA adapters alone (backend.lora.enabled)")
+        weights = merge_weights({**base_weights(model_dir), **weights}, cfg.backend.lora.spec().scaling)
+    return write_hf_folder(model_dir, weights, out, manifest)
 
 
 # A sampled turn keeps at least its text, token ids and log-probabilities and a few Python objects: a

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rtpo.llm.sections import SandboxSection
+from rtpo.llm.sections import LoRASection, SandboxSection
 from rtpo.scenario.schema import BackendConfig, ConfigError, pydantic_error
 
 
@@ -60,6 +60,7 @@ class LLMBackendConfig(BackendConfig):
         "auto", description="where the learner and the hf engine run (auto: cuda when torch sees a GPU)"
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
+    lora: LoRASection = Field(default_factory=LoRASection, description="LoRA adapters (peft) instead of full training")
     peak_flops: float | None = Field(
         None,
         gt=0,
