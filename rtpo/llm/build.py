@@ -1,6 +1,6 @@
-"""The `llm` backend's wiring: the builder that puts a tool-use environment (math, QA search or airline),
-an engine (vLLM or HF) and the FSDP2 learner into the core's RunContext, per role of a distributed run,
-plus the backend's evaluation and export hooks.
+"""The `llm` backend's wiring: the builder that puts a tool-use environment (math, QA search, airline or a
+registered text environment), an engine (vLLM or HF) and the FSDP2 learner into the core's RunContext, per
+role of a distributed run, plus the backend's evaluation and export hooks.
 
 Importing this module registers the backend (rtpo.scenario.backends).  A tabular scenario's `method`, `budget`,
 `train`, `eval` and `logging` sections work unchanged; `backend` and `task` are the LLM ones of
@@ -113,6 +113,13 @@ def _model_dir(cfg: ScenarioConfig) -> Path:
         from rtpo.llm.init import resolve_init
 
         base = resolve_init(b.init, base, Path(b.model_cache))
+    if b.lora.enabled:  # target modules the model lacks: refused before an engine or learner is built
+        from rtpo.llm.lora import check_targets
+
+        try:
+            check_targets(base, b.lora.spec())
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if isinstance(cfg.task, WorldTaskConfig) and cfg.task.format_warmup_steps:
         return _format_warm_model(cfg, base)
     return base
@@ -193,8 +200,8 @@ def _env_maker(cfg: ScenarioConfig, model_dir: Path, run_tool: Any = None) -> tu
 
     if task.kind in QA_KINDS:  # multi-hop QA: the search tool over one retriever, F1/EM scoring
         kinds = qa_env_kwargs(task, build_retriever(task), model_dir)
-    elif task.kind == "airline":
-        kinds = {}  # rtpo.llm.airline builds its own environment below
+    elif task.kind in ("airline", "text"):
+        kinds = {}  # rtpo.llm.airline / rtpo.llm.textenv build their own environments below
     else:
         kinds = {"sandbox": task.sandbox.limits(), "tools": task.tools}
     if run_tool is not None:
@@ -242,6 +249,10 @@ def _env_maker(cfg: ScenarioConfig, model_dir: Path, run_tool: Any = None) -> tu
         from rtpo.llm.airline.build import airline_env_factory
 
         make_env = airline_env_factory(task, tokenizer, limit, model_dir, b.max_model_len)
+    elif task.kind == "text":  # a registered text environment (rtpo.llm.textenv)
+        from rtpo.llm.textenv import text_env_factory
+
+        make_env = text_env_factory(task, tokenizer, limit)
     return make_env, engines, pending
 
 
@@ -449,6 +460,7 @@ def learner_config(cfg: ScenarioConfig) -> Any:
         mixed_precision=b.mixed_precision,
         gradient_checkpointing=b.gradient_checkpointing,
         peak_flops=b.peak_flops,
+        lora=b.lora.spec(),
     )
 
 
@@ -582,7 +594,14 @@ def export(cfg: ScenarioConfig, weights: dict, out: Any, manifest: dict | None =
     generation config and tokenizer (rtpo.llm.hf_folder.write_hf_folder)."""
     from rtpo.llm.hf_folder import write_hf_folder
 
-    return write_hf_folder(_model_dir(cfg), weights, out, manifest)
+    model_dir = _model_dir(cfg)
+    if cfg.backend.lora.enabled:  # a LoRA run's checkpoint holds the adapters: merged into the base here
+        from rtpo.llm.lora import base_weights, is_adapter_key, merge_weights
+
+        if not weights or not all(is_adapter_key(k) for k in weights):
+            raise ValueError("a LoRA run's checkpoint must hold LoRA adapters alone (backend.lora.enabled)")
+        weights = merge_weights({**base_weights(model_dir), **weights}, cfg.backend.lora.spec().scaling)
+    return write_hf_folder(model_dir, weights, out, manifest)
 
 
 # A sampled turn keeps at least its text, token ids and log-probabilities and a few Python objects: a

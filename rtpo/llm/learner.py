@@ -34,6 +34,7 @@ import torch.distributed as dist
 from rtpo.core.loss import FlatBatch, LossConfig, policy_loss
 from rtpo.core.schedule import LRSchedule, make_lr_scheduler, restore_lr
 from rtpo.core.types import Ragged, TurnBatch
+from rtpo.llm.lora import LoRASpec
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,7 +50,11 @@ class LearnerConfig:
     temperature:        T of the teacher-forced log-probs; must equal the engine's sampling T (E.3: 0.9).
     micro_batch_tokens: context + response tokens per forward pass per rank (memory knob; the update
                         is the same for any value).
-    kl_reference:       keep a frozen copy of the initial weights for LossConfig.kl_coef > 0.
+    kl_reference:       keep a frozen copy of the initial weights for LossConfig.kl_coef > 0 (with `lora`:
+                        no copy; the reference is the same model with its adapters switched off).
+    lora:               train LoRA adapters (rtpo.llm.lora, peft) instead of the weights: the base stays
+                        frozen, checkpoints hold the adapters and their optimiser state alone, and
+                        `weights` returns the merged W₀ + (α/r)·B·A under the model folder's names.
     param_dtype:        dtype the weights are stored and trained in ("float32" on CPU).
     mixed_precision:    compute dtype under FSDP2's MixedPrecisionPolicy ("bfloat16" on GPUs); None = off.
     gradient_checkpointing: recompute activations in backward (long contexts on GPUs).
@@ -92,6 +97,7 @@ class LearnerConfig:
     fsdp_one_rank: bool = False
     peak_flops: float | None = None
     compile_layers: bool = False
+    lora: LoRASpec | None = None
 
     def __post_init__(self) -> None:
         if self.attn_implementation not in ("sdpa", "eager"):
@@ -113,6 +119,8 @@ class LearnerConfig:
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         if isinstance(self.lr_schedule, dict):  # a config read back from a checkpoint (asdict)
             object.__setattr__(self, "lr_schedule", LRSchedule(**self.lr_schedule))
+        if isinstance(self.lora, dict):
+            object.__setattr__(self, "lora", LoRASpec(**self.lora))
 
 
 # -- the work plan: which rows each rank runs, in which micro-batches ------------------------------
@@ -281,16 +289,26 @@ class FSDPLearner:
                 self.model_path, dtype=dtype, local_files_only=True, attn_implementation=cfg.attn_implementation
             )
 
-        self.model = self._shard(load())
+        model = load()
+        self.peft = None  # the PeftModel around self.model when training adapters (LearnerConfig.lora)
+        if cfg.lora is not None:
+            from rtpo.llm.lora import attach
+
+            self.peft = attach(model, cfg.lora)  # in place: `model` now holds the adapters, base frozen
+        self.model = self._shard(model)
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
         self.ref_model = None
-        if cfg.kl_reference:
+        if cfg.kl_reference and self.peft is None:
             self.ref_model = self._shard(load().requires_grad_(False))
             self.ref_model.eval()
         self.opt = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
         )
         self.sched = make_lr_scheduler(self.opt, cfg.lr_schedule)
         self.pad_id = int(self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0)
@@ -378,8 +396,11 @@ class FSDPLearner:
         return FlatBatch.from_batch(batch, device=self.device)
 
     # -- forward pass ------------------------------------------------------------------------------
-    def _token_logp(self, model: torch.nn.Module, batch: TurnBatch, rows: np.ndarray) -> torch.Tensor:
-        """(N_rows_tokens,) log softmax(logits / T) of the response tokens of `rows`, in row order.
+    def _token_logp(
+        self, model: torch.nn.Module, batch: TurnBatch, rows: np.ndarray, reference: bool = False
+    ) -> torch.Tensor:
+        """(N_rows_tokens,) log softmax(logits / T) of the response tokens of `rows`, in row order
+        (reference: the KL reference's, whose entropies are not kept).
 
         Rows are left-padded so every response ends at the last position; only the last R_max + 1
         positions' logits are computed (logits_to_keep), which keeps the vocab-sized tensor small.
@@ -415,7 +436,7 @@ class FSDPLearner:
         log_p = torch.log_softmax(logits, dim=-1)
         lp = log_p.gather(-1, target[..., None]).squeeze(-1)  # (b, r_max)
         keep = torch.as_tensor(np.arange(r_max)[None, :] >= (r_max - rsp.lengths)[:, None], device=self.device)
-        if model is self.model:  # the KL reference's entropy is not a metric: not computed
+        if not reference:  # the KL reference's entropy is not a metric: not computed
             if self._entropy_grad and torch.is_grad_enabled():  # an entropy bonus in the loss: differentiable
                 self._entropy = -(log_p.exp() * log_p).sum(-1)[keep]
             else:
@@ -464,7 +485,7 @@ class FSDPLearner:
 
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
         self._check(batch)
-        if loss.kl_coef > 0 and self.ref_model is None:
+        if loss.kl_coef > 0 and self.ref_model is None and self.peft is None:
             raise ValueError("kl_coef > 0 needs a reference model: build the learner with kl_reference=True")
         t0 = time.perf_counter()
         try:
@@ -519,8 +540,7 @@ class FSDPLearner:
             pol_share = tok_share if cfg.aggregation == "token-mean" else flat.num_seqs / num_seqs
             ref = None
             if use_kl:
-                with torch.no_grad():
-                    ref = self._token_logp(self.ref_model, batch, rows)
+                ref = self._reference_logp(batch, rows)
             pol_loss, metrics = policy_loss(logp, flat, no_kl)
             total = pol_share * pol_loss
             if use_kl or use_ent:  # the regularisers are token means: their share is the tokens'
@@ -550,6 +570,15 @@ class FSDPLearner:
         out["train/lr"] = lr
         out.update(self._perf_metrics(batch, time.perf_counter() - t_start))
         return out
+
+    @torch.no_grad()
+    def _reference_logp(self, batch: TurnBatch, rows: np.ndarray) -> torch.Tensor:
+        """The KL reference's token log-probs: the frozen copy, or with LoRA the same model with its
+        adapters switched off (peft's disable_adapter: the base weights, no second copy of them)."""
+        if self.peft is None:
+            return self._token_logp(self.ref_model, batch, rows, reference=True)
+        with self.peft.disable_adapter():
+            return self._token_logp(self.model, batch, rows, reference=True)
 
     def _perf_metrics(self, batch: TurnBatch, seconds: float) -> dict[str, float]:
         """Throughput and memory of the step just taken (this rank's process): model FLOPs of the whole
@@ -592,6 +621,10 @@ class FSDPLearner:
         self._weights_cache = None
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         sd = _detached(sd) if self.world_size == 1 else sd  # more ranks: already gathered copies
+        if self.peft is not None:  # the merged W₀ + (α/r)·B·A under the model folder's names
+            from rtpo.llm.lora import merge_weights
+
+            sd = merge_weights(sd, self.cfg.lora.scaling)
         if not self.cfg.cache_weights:
             return sd
         snap = WeightsSnapshot(sd)
@@ -607,6 +640,7 @@ class FSDPLearner:
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_sd, optim_sd = get_state_dict(self.model, self.opt, options=opts)
+        model_sd = self._trained(model_sd)
         # the KL reference is the frozen model at model_path, which every learner loads at start: a
         # checkpoint leaves it out (a fifth of the file, with AdamW's two moments per weight)
         return _detached(
@@ -631,6 +665,7 @@ class FSDPLearner:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.opt)
+        model_sd = self._trained(model_sd)
         # aliases by parameter identity (the same on every rank, unlike a shard's storage)
         first: dict[int, str] = {}
         tied: dict[str, str] = {}
@@ -640,6 +675,15 @@ class FSDPLearner:
                 del model_sd[name]
             first.setdefault(id(param), name)
         return model_sd, optim_sd, tied
+
+    def _trained(self, model_sd: dict) -> dict:
+        """The part of a model state dict a checkpoint holds: all of it, or with LoRA the adapters alone
+        (the frozen base is the model folder's, which every learner loads at start)."""
+        if self.peft is None:
+            return model_sd
+        from rtpo.llm.lora import is_adapter_key
+
+        return {k: v for k, v in model_sd.items() if is_adapter_key(k)}
 
     def _do_save_sharded(self, path: str) -> dict:
         import torch.distributed.checkpoint as dcp
@@ -707,7 +751,8 @@ class FSDPLearner:
         state = getattr(self, "_pending_state", None) if self.rank == 0 else None
         self._pending_state = None
         multi = self.world_size > 1
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=multi)
+        # with LoRA a state holds the adapters alone: the base weights it leaves out stay as loaded
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=multi, strict=self.peft is None)
         if self.rank == 0:
             model_sd, optim_sd, ref = state["model"], state["optim"], state.get("ref")
             has_ref = ref is not None

@@ -1,5 +1,5 @@
 """The `llm` backend's scenario sections: `backend` (LLMBackendConfig) and the math `task` section
-(LLMTaskConfig), the dispatch of `task.kind` to the math, QA-search and airline task sections
+(LLMTaskConfig), the dispatch of `task.kind` to the math, QA-search, airline and text-environment task sections
 (parse_task, load_task, task_schemas) and context_limit, the longest turn context the two allow.
 
 Schema only: nothing here builds an engine, a learner or an environment (that is rtpo.llm.build).
@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rtpo.llm.sections import SandboxSection
+from rtpo.llm.sections import LoRASection, SandboxSection
 from rtpo.scenario.schema import BackendConfig, ConfigError, pydantic_error
 
 
@@ -60,6 +60,7 @@ class LLMBackendConfig(BackendConfig):
         "auto", description="where the learner and the hf engine run (auto: cuda when torch sees a GPU)"
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations (long contexts)")
+    lora: LoRASection = Field(default_factory=LoRASection, description="LoRA adapters (peft) instead of full training")
     peak_flops: float | None = Field(
         None,
         gt=0,
@@ -174,11 +175,15 @@ def parse_task(data: Any) -> LLMTaskConfig:
         from rtpo.llm.airline.build import parse_airline_task
 
         return parse_airline_task(data)
+    if kind == "text":  # a text environment registered by a plugin (rtpo.llm.textenv)
+        from rtpo.llm.textenv import parse_text_task
+
+        return parse_text_task(data)
     from rtpo.llm.search import QA_KINDS, parse_qa_task
 
     if kind in QA_KINDS:
         return parse_qa_task(data)
-    valid = ["arithmetic", "airline", *QA_KINDS, *LAYOUTS.names(), *world_kinds()]
+    valid = ["arithmetic", "airline", "text", *QA_KINDS, *LAYOUTS.names(), *world_kinds()]
     if kind not in valid:
         raise ConfigError(f"task.kind: unknown LLM task {kind!r} (valid: {', '.join(valid)})")
     try:
@@ -194,6 +199,10 @@ def load_task(task: LLMTaskConfig, which: str = "train"):
         from rtpo.llm.airline.build import load_airline_tasks
 
         return load_airline_tasks(task, which)
+    if task.kind == "text":
+        from rtpo.llm.textenv import load_text_items
+
+        return load_text_items(task, which)
     from rtpo.llm.search import QA_KINDS, load_qa_task
 
     if task.kind in QA_KINDS:
@@ -221,7 +230,10 @@ def task_schemas() -> list[dict]:
     except ImportError:
         pass
     from rtpo.llm.search import QATaskConfig
+    from rtpo.llm.textenv import TextTaskConfig
     from rtpo.llm.worlds import WorldTaskConfig
+
+    out.append(TextTaskConfig.model_json_schema())
 
     out.append(QATaskConfig.model_json_schema())
     world = WorldTaskConfig.model_json_schema()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class SandboxSection(BaseModel):
@@ -31,4 +31,42 @@ class SandboxSection(BaseModel):
         )
 
 
-__all__ = ["SandboxSection"]
+class LoRASection(BaseModel):
+    """`backend.lora`: train LoRA adapters (the `peft` library, extra `lora`) instead of every weight.
+
+    The base weights stay frozen; checkpoints hold the adapters (and their optimiser state) alone; the
+    KL reference is the base model with the adapters switched off; the engines get the merged weights
+    W₀ + (α/r)·B·A after each phase, and `rtpo export` writes them merged (rtpo.llm.lora)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+    enabled: bool = Field(False, description="train LoRA adapters on target_modules; the base weights stay frozen")
+    rank: int = Field(8, ge=1, le=65536, description="r, the adapters' inner dimension")
+    alpha: float = Field(16.0, gt=0, description="α: the adapters' update B·A is scaled by α/r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input in training passes (0 = none)")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="linear layers that get adapters, by last name (Qwen3: q_proj k_proj v_proj o_proj "
+        "gate_proj up_proj down_proj); a name the model lacks is refused before anything is built",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not name.isidentifier():
+                raise ValueError(f"{name!r} is not a module name")
+        if len(set(v)) != len(v):
+            raise ValueError("names a module twice")
+        return v
+
+    def spec(self):
+        """The learner's LoRASpec, or None when LoRA is off."""
+        if not self.enabled:
+            return None
+        from rtpo.llm.lora import LoRASpec
+
+        return LoRASpec(self.rank, self.alpha, self.dropout, tuple(self.target_modules))
+
+
+__all__ = ["LoRASection", "SandboxSection"]

