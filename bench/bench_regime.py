@@ -21,8 +21,19 @@ Predictors (rtpo.tabular.diagnostic, under the initial policy; Thm 2(b), Eq. 58)
   cost_GRPO / cost_RTPO (> 1: RTPO).
 Reported: each predictor's hit rate with a Wilson 95% interval, on clear and on close families.
 
-    python bench/bench_regime.py          # -> docs/results/regime_benchmark/regime.json (24 families × 32 runs)
-    python bench/bench_regime.py --table  # docs/results.md §1d's table, from that JSON
+Calibration (`calibrate`; what `rtpo solve`/`compare` print, rtpo.tabular.diagnostic.regime_call): the
+theory fixes the statistic (the bottleneck index) and the direction (> 1: RTPO, < 1: GRPO); its
+idealisation (large-group baselines, no tied groups, the initial policy's signal) says nothing about how
+far from 1 a call is safe.  The families split by index parity, independently of any outcome: on the
+*design* half (even) the GRPO band ends at the first design family RTPO won (going up from the lowest
+index) and the RTPO band starts above the last design family GRPO won, each edge the geometric mean of
+the two design indices around it, and never on the wrong side of 1; between the bands, no call.  On the
+*held-out* half (odd) each band's hit rate is reported with its Wilson 95% interval, separately for
+clear and close contests; a band calls its method only if that interval's lower bound is above 1/2.
+
+    python bench/bench_regime.py                # -> docs/results/regime_benchmark/regime.json (FAMILIES × 44 runs)
+    python bench/bench_regime.py --calibrate    # re-derive the calibration of an existing JSON (no runs)
+    python bench/bench_regime.py --table        # docs/results.md §1d's table, from that JSON
 """
 
 from __future__ import annotations
@@ -36,10 +47,10 @@ from pathlib import Path
 
 import numpy as np
 
-FAMILIES = 24
+FAMILIES = 64
 ROLLOUTS = 3000
 LRS = (0.1, 0.3, 1.0)
-TUNE_SEEDS = 2
+TUNE_SEEDS = 4  # bench/tune_stability.json: the fewest tuning seeds whose choice a rerun repeats in >= 80% of cells
 REPORTED = 10
 G_RTPO, G_GRPO = 3, 8
 
@@ -101,15 +112,9 @@ def predictors(task: dict) -> dict:
     cfg = parse_scenario(scenario(task, "rtpo", 0.1, 0))
     mdp = build_mdp(cfg.task)
     dec = decompose(mdp, initial_policy(cfg, mdp))
-    learn = dec.var_adv > 1e-12 * max(float(dec.var_adv.max()), 1e-300)
-    i_g = dec.live * dec.rho2_grpo
-    i_r = (G_RTPO - 1) * dec.live * dec.rho2_sibling / (1 + (G_RTPO - 1) * dec.live.sum())
-    with np.errstate(divide="ignore"):
-        cost_g = float(np.sum(1.0 / i_g[learn])) if learn.any() else math.nan
-        cost_r = float(np.sum(1.0 / i_r[learn])) if learn.any() else math.nan
     return {
         "summed": float(dec.info_index(G_RTPO)),
-        "bottleneck": cost_g / cost_r if cost_r > 0 else math.nan,
+        "bottleneck": dec.bottleneck_index(G_RTPO),
         "sigma_v2_share": (dec.sigma_v2 / dec.var_return).tolist() if dec.var_return > 0 else None,
     }
 
@@ -152,6 +157,62 @@ def summarise(rows: list[dict]) -> dict:
     return summary
 
 
+def _edge(a: float, b: float) -> float:
+    return float(math.sqrt(a * b)) if a > 0 and b > 0 else (a + b) / 2
+
+
+def calibrate(rows: list[dict]) -> dict:
+    """The bands of the bottleneck index chosen on the design families (even) and their hit rates on the
+    held-out families (odd); see the module docstring."""
+    design = sorted(
+        (r["bottleneck"], r["winner"]) for r in rows if r["family"] % 2 == 0 and math.isfinite(r["bottleneck"])
+    )
+    held = [r for r in rows if r["family"] % 2 == 1 and not math.isnan(r["bottleneck"])]
+    first_rtpo = next((i for i, (_, w) in enumerate(design) if w == "rtpo"), None)
+    last_grpo = max((i for i, (_, w) in enumerate(design) if w == "grpo"), default=None)
+    bands = []
+    if first_rtpo is None:
+        bands.append(("grpo", 0.0, 1.0))
+    elif first_rtpo > 0:
+        bands.append(("grpo", 0.0, min(1.0, _edge(design[first_rtpo - 1][0], design[first_rtpo][0]))))
+    if last_grpo is None:
+        bands.append(("rtpo", 1.0, math.inf))
+    elif last_grpo < len(design) - 1:
+        bands.append(("rtpo", max(1.0, _edge(design[last_grpo][0], design[last_grpo + 1][0])), math.inf))
+    out = []
+    for call, lo, hi in bands:
+        inside = [r for r in held if lo <= r["bottleneck"] and (r["bottleneck"] < hi or hi == math.inf)]
+        hits = [r for r in inside if r["winner"] == call]
+        ci = wilson(len(hits), len(inside))
+        out.append(
+            {
+                "call": call,
+                "lo": round(lo, 4),
+                "hi": None if hi == math.inf else round(hi, 4),  # None: unbounded above
+                "hits": len(hits),
+                "families": len(inside),
+                "wilson95": [round(ci[0], 4), round(ci[1], 4)] if ci else None,
+                "clear": [sum(r["clear"] for r in hits), sum(r["clear"] for r in inside)],
+                "close": [sum(not r["clear"] for r in hits), sum(not r["clear"] for r in inside)],
+                "held_out_families": [r["family"] for r in inside],
+            }
+        )
+    called = {f for b in out for f in b["held_out_families"]}
+    return {
+        "index": "bottleneck",
+        "split": "design: even family numbers, held out: odd",
+        "design_families": sum(r["family"] % 2 == 0 for r in rows),
+        "held_out_families": len(held),
+        "held_out_no_call": len([r for r in held if r["family"] not in called]),
+        "held_out_always_grpo": {
+            "hits": sum(r["winner"] == "grpo" for r in held),
+            "families": len(held),
+            "wilson95": wilson(sum(r["winner"] == "grpo" for r in held), len(held)),
+        },
+        "bands": out,
+    }
+
+
 def table(payload: dict) -> str:
     """The per-family markdown table of a regime benchmark payload (docs/results/regime_benchmark/regime.json)."""
     lines = [
@@ -175,14 +236,22 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--families", type=int, default=FAMILIES)
+    p.add_argument("--tune-seeds", type=int, default=TUNE_SEEDS, help="tuning seeds per candidate lr")
     p.add_argument(
         "--out",
         default=str(Path(__file__).resolve().parents[1] / "docs" / "results" / "regime_benchmark" / "regime.json"),
     )
     p.add_argument("--table", action="store_true", help="print the markdown table of an existing --out JSON")
+    p.add_argument("--calibrate", action="store_true", help="re-derive the calibration of an existing --out JSON")
     ns = p.parse_args(argv)
     if ns.table:
         print(table(json.loads(Path(ns.out).read_text())))
+        return
+    if ns.calibrate:
+        payload = json.loads(Path(ns.out).read_text())
+        payload["calibration"] = calibrate(payload["rows"])
+        Path(ns.out).write_text(json.dumps(payload, indent=2) + "\n")
+        print(json.dumps(payload["calibration"], indent=2))
         return
     load0, t0 = os.getloadavg(), time.perf_counter()
     rows = []
@@ -191,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
             task = family_section(i)
             row: dict = {"family": i, "task": task, **predictors(task)}
             for method in ("rtpo", "grpo"):
-                tune = {lr: np.mean([value(task, method, lr, 100 + s) for s in range(TUNE_SEEDS)]) for lr in LRS}
+                tune = {lr: np.mean([value(task, method, lr, 100 + s) for s in range(ns.tune_seeds)]) for lr in LRS}
                 lr = max(LRS, key=lambda v: tune[v])  # ties: the first (smaller) lr
                 vals = np.array([value(task, method, lr, s) for s in range(REPORTED)])
                 m, h = t_interval(vals)
@@ -212,12 +281,13 @@ def main(argv: list[str] | None = None) -> None:
             )
     summary = summarise(rows)
     out = {
-        "command": "python bench/bench_regime.py",
+        "command": f"python bench/bench_regime.py --families {ns.families} --tune-seeds {ns.tune_seeds}",
+        "calibration": calibrate(rows),
         "protocol": {
             "families": ns.families,
             "rollouts": ROLLOUTS,
             "lrs": list(LRS),
-            "tune_seeds": TUNE_SEEDS,
+            "tune_seeds": ns.tune_seeds,
             "reported_seeds": REPORTED,
             "G_rtpo": G_RTPO,
             "G_grpo": G_GRPO,
