@@ -266,11 +266,23 @@ def _clipped_metrics(t: _Clipped, logp: torch.Tensor, cfg: LossConfig, reg_metri
         r = t.ratio.detach()
         is_clipped = ((r < 1.0 - cfg.clip_eps) & (t.adv < 0)) | ((r > 1.0 + t.hi) & (t.adv > 0))
         lr_ = t.raw_log_ratio.detach()  # log π_θ − log π_old
+        # the four scalars leave torch in one conversion (float64 holds each exactly as float() would)
+        objective, clipfrac, approx_kl, ratio_mean = torch.stack(
+            [
+                x.to(torch.float64)
+                for x in (
+                    t.objective.detach(),
+                    is_clipped.to(logp.dtype).mean(),
+                    (torch.exp(lr_) - 1.0 - lr_).mean(),  # k3 of KL(old||new)
+                    r.mean(),
+                )
+            ]
+        ).tolist()
         metrics = {
-            "loss/policy": -float(t.objective),
-            "loss/clipfrac": float(is_clipped.to(logp.dtype).mean()),
-            "loss/approx_kl": float((torch.exp(lr_) - 1.0 - lr_).mean()),  # k3 of KL(old||new)
-            "loss/ratio_mean": float(r.mean()),
+            "loss/policy": -objective,
+            "loss/clipfrac": clipfrac,
+            "loss/approx_kl": approx_kl,
+            "loss/ratio_mean": ratio_mean,
         }
         metrics.update(reg_metrics)
     return metrics

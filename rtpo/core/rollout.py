@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rtpo.core.protocols import Environment, EpisodeRunner, FullHistoryEnvironment, Sampler
+from rtpo.core.protocols import Environment, Sampler
 from rtpo.core.types import Boundary, Ragged, Rollouts, Trajectory
 
 
@@ -77,8 +77,11 @@ def rollout(
     call is handed to its `run_rollout` unchanged, so methods drive local and distributed backends
     through this one function.
     """
-    if isinstance(sampler, EpisodeRunner):
-        return sampler.run_rollout(env, episodes, query_ids, rng, n=n, record_boundaries=record_boundaries)
+    # the two capability checks read the one method each protocol names (what isinstance on a
+    # runtime-checkable protocol tests, without typing's per-call walk over the protocol's attributes)
+    run_rollout = getattr(sampler, "run_rollout", None)  # an EpisodeRunner
+    if run_rollout is not None:
+        return run_rollout(env, episodes, query_ids, rng, n=n, record_boundaries=record_boundaries)
     query_ids = np.asarray(query_ids, dtype=np.int64)
     num = len(query_ids) * n
     live = np.arange(num, dtype=np.int64)  # episode id of every live row
@@ -88,7 +91,7 @@ def rollout(
     steps: list[dict[str, Any]] = []
     first = True
     # optional: environments that can also show the full-history context (flat baselines train on it)
-    full_fn = env.full_contexts if isinstance(env, FullHistoryEnvironment) else None
+    full_fn = getattr(env, "full_contexts", None)  # a FullHistoryEnvironment
     while live.size:
         contexts = env.contexts(episodes)
         full = full_fn(episodes) if full_fn is not None else None

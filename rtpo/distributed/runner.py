@@ -36,8 +36,12 @@ class ScenarioFactory:
     run_tool: Any = None  # the tool workers' runner (an ActorTool) for the rollout role's environment
 
     def __call__(self, role: str = "driver") -> RunContext:
+        from rtpo.scenario import plugins
         from rtpo.scenario.backends import get_backend
 
+        # a worker process imports the run's plugins first: a name its config only refers to (a text
+        # environment, a tool) is registered by the plugin's import, which unpickling cfg does not do
+        plugins.load(getattr(self.cfg, "plugins", None) or ())
         spec = get_backend(self.cfg.backend.kind)
         build_role = getattr(spec, "build_role", None)
         if build_role is not None:

@@ -143,6 +143,12 @@ def load_text_items(task: TextTaskConfig, which: str = "train") -> TextItems:
     from rtpo.scenario.schema import ConfigError
 
     split = "train" if which == "train" else "eval"
+    if task.env not in TEXT_ENVS:  # a process that has not imported the plugin registering it
+        known = ", ".join(TEXT_ENVS.names()) or "none"
+        raise ConfigError(
+            f"task.env: unknown text environment {task.env!r} in this process (known: {known}); "
+            "load the plugin that registers it (plugins:)"
+        )
     try:
         env = TEXT_ENVS.build(task.env, split=split, **task.params)
         n = len(env)

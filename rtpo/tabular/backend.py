@@ -12,6 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+try:  # Adam's functional kernel, the one Adam.step calls (TabularLearner._adam_step)
+    from torch.optim.adam import adam as _adam_functional
+except ImportError:  # pragma: no cover - a torch without it takes Adam.step
+    _adam_functional = None
+
 from rtpo.core.loss import FlatBatch, LossConfig, clipped_policy_loss_grad, closed_form_gradient, policy_loss
 from rtpo.core.schedule import LRSchedule, make_lr_scheduler, restore_lr
 from rtpo.core.types import Generation, Ragged, StepOutcome, TurnBatch
@@ -269,13 +274,59 @@ class TabularLearner:
         else:
             raise ValueError(f"unknown optimizer {optimizer!r}; valid: adam, sgd")
         self.steps = 0  # optimiser steps taken: the learning-rate schedule's position
-        self.sched = make_lr_scheduler(self.opt, lr_schedule or LRSchedule())
+        schedule = lr_schedule or LRSchedule()
+        self.sched = make_lr_scheduler(self.opt, schedule)
+        # a constant rate with no warm-up: factor(s) = 1.0 at every step, so the scheduler's step would
+        # set each group's lr to base·1.0, the value it already holds
+        self._constant_lr = schedule.kind == "constant" and schedule.warmup_steps == 0
+        # Adam.step is a per-call wrapper (hooks, profiler scope, grad mode, graph-capture check) around
+        # _init_group and the functional adam(); a step calls those two directly: the same kernel, in
+        # the same order, on the same state (bench/bench_tabular.py: the per-phase fixed cost)
+        self._adam = optimizer == "adam" and hasattr(self.opt, "_init_group") and _adam_functional is not None
+
+    def _adam_step(self) -> None:
+        """What torch.optim.Adam.step does for our one parameter group, without its per-call wrapper."""
+        group = self.opt.param_groups[0]
+        params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps = [], [], [], [], [], []
+        has_complex = self.opt._init_group(group, params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps)
+        beta1, beta2 = group["betas"]
+        _adam_functional(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            max_sqs,
+            steps,
+            amsgrad=group["amsgrad"],
+            has_complex=has_complex,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=group["maximize"],
+            foreach=group["foreach"],
+            capturable=group["capturable"],
+            differentiable=group["differentiable"],
+            fused=group["fused"],
+            grad_scale=None,
+            found_inf=None,
+            decoupled_weight_decay=group["decoupled_weight_decay"],
+        )
 
     def _step(self, metrics: dict[str, float]) -> dict[str, float]:
         """The optimiser step, then the schedule's (metrics get the learning rate the step ran at)."""
         metrics["train/lr"] = float(self.opt.param_groups[0]["lr"])
-        self.opt.step()
-        self.sched.step()
+        if self._adam:
+            with torch.no_grad():
+                self._adam_step()
+            self.opt._opt_called = True  # what Adam.step's scheduler wrapper records
+        else:
+            self.opt.step()
+        if self._constant_lr:
+            self.sched.last_epoch += 1  # the scheduler's position, as its step would move it
+        else:
+            self.sched.step()
         self.steps += 1
         return metrics
 
@@ -366,8 +417,9 @@ class TabularLearner:
             # log π of the present turns' tables, then the batch's rows: row by row the same arithmetic
             # as _token_logp, so the same log-probs, loss value and metrics
             parts = self.parts[present[0]][None] if len(present) == 1 else torch.stack([self.parts[k] for k in present])
-            tables = torch.log_softmax(parts, dim=-1)
-            lp = tables.reshape(-1, tables.shape[-1]).index_select(0, cell)  # (N, A)
+            # the batch's rows only: log_softmax is row by row, so these are the bits of the whole table's
+            # rows (a phase's batch touches a few hundred of a table's cells; the table may hold 10⁵ or more)
+            lp = torch.log_softmax(parts.reshape(-1, parts.shape[-1]).index_select(0, cell), dim=-1)  # (N, A)
             logp = lp.gather(1, act).squeeze(1)
             ref = None
             if loss.kl_coef > 0:
@@ -378,8 +430,8 @@ class TabularLearner:
             # row order as autograd's index backward does — so the same bits as autograd's gradient
             one_hot = torch.zeros_like(lp).scatter_(1, act, g[:, None])
             rows = torch._log_softmax_backward_data(one_hot, lp, 1, lp.dtype)
-            grad = torch.zeros_like(tables).reshape(-1, tables.shape[-1]).index_add_(0, cell, rows)
-            grad = grad.reshape(tables.shape)
+            grad = torch.zeros_like(parts).reshape(-1, parts.shape[-1]).index_add_(0, cell, rows)
+            grad = grad.reshape(parts.shape)
             slot = dict(zip(present, grad.unbind(0)))
             for k, part in enumerate(self.parts):  # = zero_grad(set_to_none=True), then the present turns' grads
                 part.grad = slot.get(k)
@@ -388,8 +440,9 @@ class TabularLearner:
 
     def weights(self) -> np.ndarray:
         with torch.no_grad():
-            w = torch.stack(self.parts) if self.policy.turn_separable else self.parts[0]
-            return w.numpy().copy()
+            if self.policy.turn_separable:
+                return torch.stack(self.parts).numpy()  # the stack is already a fresh array: no second copy
+            return self.parts[0].numpy().copy()
 
     def state_dict(self) -> dict:
         return {

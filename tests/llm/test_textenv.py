@@ -241,3 +241,42 @@ def test_rtpo_run_on_the_example_text_environment(tmp_path, monkeypatch, capsys)
     capsys.readouterr()
     assert cli.main(["config", "show", str(SCENARIO)]) == 0
     assert "env: guess_number  # its registered name" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # a fresh interpreter builds the tiny model and the rollout side: ~20 s of CPU
+def test_a_worker_process_loads_the_runs_plugins_before_building(tmp_path):
+    """A Ray rollout actor builds its environment with rtpo.distributed.ScenarioFactory in a fresh process;
+    the config names the text environment only by name, so the factory must import the run's plugins
+    first.  Checked in a fresh interpreter (what an actor is) with the example on PYTHONPATH but not
+    imported.  Mutant: ScenarioFactory.__call__ without `plugins.load(...)` ("unknown text environment")."""
+    import os
+    import subprocess
+    import sys
+
+    from rtpo.distributed.runner import ScenarioFactory
+    from rtpo.scenario.load import load_scenario
+
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        cfg = load_scenario(SCENARIO, [f"backend.model_cache={tmp_path / 'models'}"])
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    (tmp_path / "factory.pkl").write_bytes(pickle.dumps(ScenarioFactory(cfg)))
+    code = (
+        "import pickle, sys\n"
+        "from rtpo.llm.textenv import TEXT_ENVS\n"
+        "factory = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "assert 'guess_number' not in TEXT_ENVS, 'the plugin was imported before the factory ran'\n"
+        "ctx = factory('rollout')\n"
+        "print(type(ctx.env).__name__, len(ctx.env.task))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(EXAMPLE)]), "RTPO_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "factory.pkl")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["TextChatEnv", "8"], out.stdout
