@@ -145,7 +145,8 @@ def example_on_path(monkeypatch):
     monkeypatch.setattr(plugins, "_loaded", dict(plugins._loaded))
     with ESTIMATORS.temporary(), METHODS.temporary(), TASKS.temporary():
         yield
-    sys.modules.pop("rtpo_plugin_example", None)
+    for name in [m for m in sys.modules if m == "rtpo_plugin_example" or m.startswith("rtpo_plugin_example.")]:
+        del sys.modules[name]
 
 
 def test_compare_records_the_scenarios_plugins_in_every_job(tmp_path, example_on_path):

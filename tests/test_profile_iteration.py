@@ -25,6 +25,10 @@ def test_profile_iteration_writes_a_trace_of_that_iteration(tmp_path):
     assert traces == ["iter_1.trace.json"], f"exactly iteration 1's trace expected, got {traces}"
     trace = json.loads((res.run_dir / "profile" / "iter_1.trace.json").read_text())
     names = {e.get("name", "") for e in trace["traceEvents"]}
-    assert any("Adam.step" in n for n in names), "the trace should hold the iteration's optimiser steps"
+    # the learner runs Adam's kernel without Optimizer.step's wrapper (rtpo.tabular.backend): its
+    # second-moment update (addcmul_) is the step's mark in either form
+    assert any(n in ("aten::addcmul_", "Optimizer.step#Adam.step") or "Adam.step" in n for n in names), (
+        "the trace should hold the iteration's optimiser steps (no Adam update op in it)"
+    )
     plain = run_scenario(load_scenario(None, over[:-1]), out_root=tmp_path / "plain", progress=False)
     assert not (plain.run_dir / "profile").exists()

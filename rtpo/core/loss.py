@@ -277,7 +277,7 @@ def _clipped_metrics(t: _Clipped, logp: torch.Tensor, cfg: LossConfig, reg_metri
                     r.mean(),
                 )
             ]
-        ).tolist()
+        ).cpu().tolist()  # one device-to-host copy, wherever the learner's model lives
         metrics = {
             "loss/policy": -objective,
             "loss/clipfrac": clipfrac,

@@ -52,16 +52,32 @@ def tok():
     return chat_mod.load_qwen3_tokenizer()
 
 
-@pytest.fixture(scope="module")
-def guess_number():
+def _forget_example_plugin() -> None:
     import sys
 
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        from rtpo_plugin_example import guess_number as mod  # registers guess_number (once per process)
-    finally:
-        sys.path.remove(str(EXAMPLE))
-    return mod
+    for name in [m for m in sys.modules if m == "rtpo_plugin_example" or m.startswith("rtpo_plugin_example.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def guess_number():
+    """The example plugin imported for this module only: what it registers (its package's estimator,
+    method and task, and guess_number) and its modules are gone afterwards, so a later test importing
+    it afresh (tests/test_plugins.py) does not meet its names already registered."""
+    import sys
+
+    from rtpo.core.estimators import ESTIMATORS
+    from rtpo.core.methods import METHODS
+    from rtpo.tabular.tasks import TASKS
+
+    with ESTIMATORS.temporary(), METHODS.temporary(), TASKS.temporary(), TEXT_ENVS.temporary():
+        sys.path.insert(0, str(EXAMPLE))
+        try:
+            from rtpo_plugin_example import guess_number as mod  # registers guess_number (once per process)
+        finally:
+            sys.path.remove(str(EXAMPLE))
+        yield mod
+    _forget_example_plugin()
 
 
 def _scripted(env, texts):
@@ -206,8 +222,23 @@ def test_every_task_key_is_documented():
     assert not missing, f"docs/plugins.md's text-environment section lacks {missing}"
 
 
+@pytest.fixture
+def example_plugin_undone(monkeypatch):
+    """What `rtpo run` of the example loads (plugins recorded as loaded, their registrations, modules)
+    is undone after the test."""
+    from rtpo.core.estimators import ESTIMATORS
+    from rtpo.core.methods import METHODS
+    from rtpo.scenario import plugins
+    from rtpo.tabular.tasks import TASKS
+
+    monkeypatch.setattr(plugins, "_loaded", dict(plugins._loaded))
+    with ESTIMATORS.temporary(), METHODS.temporary(), TASKS.temporary(), TEXT_ENVS.temporary():
+        yield
+    _forget_example_plugin()
+
+
 @pytest.mark.slow
-def test_rtpo_run_on_the_example_text_environment(tmp_path, monkeypatch, capsys):
+def test_rtpo_run_on_the_example_text_environment(tmp_path, monkeypatch, capsys, example_plugin_undone):
     """`rtpo run` of examples/rtpo-plugin-example/guess-number-tiny.yaml (its plugins: list names the
     module), then `rtpo config show` of it: the run trains, evaluates and logs the environment's metrics."""
     from rtpo.commands import cli
