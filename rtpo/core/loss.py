@@ -267,17 +267,21 @@ def _clipped_metrics(t: _Clipped, logp: torch.Tensor, cfg: LossConfig, reg_metri
         is_clipped = ((r < 1.0 - cfg.clip_eps) & (t.adv < 0)) | ((r > 1.0 + t.hi) & (t.adv > 0))
         lr_ = t.raw_log_ratio.detach()  # log π_θ − log π_old
         # the four scalars leave torch in one conversion (float64 holds each exactly as float() would)
-        objective, clipfrac, approx_kl, ratio_mean = torch.stack(
-            [
-                x.to(torch.float64)
-                for x in (
-                    t.objective.detach(),
-                    is_clipped.to(logp.dtype).mean(),
-                    (torch.exp(lr_) - 1.0 - lr_).mean(),  # k3 of KL(old||new)
-                    r.mean(),
-                )
-            ]
-        ).cpu().tolist()  # one device-to-host copy, wherever the learner's model lives
+        objective, clipfrac, approx_kl, ratio_mean = (
+            torch.stack(
+                [
+                    x.to(torch.float64)
+                    for x in (
+                        t.objective.detach(),
+                        is_clipped.to(logp.dtype).mean(),
+                        (torch.exp(lr_) - 1.0 - lr_).mean(),  # k3 of KL(old||new)
+                        r.mean(),
+                    )
+                ]
+            )
+            .cpu()
+            .tolist()
+        )  # one device-to-host copy, wherever the learner's model lives
         metrics = {
             "loss/policy": -objective,
             "loss/clipfrac": clipfrac,
