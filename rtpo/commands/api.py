@@ -70,7 +70,9 @@ def _scenario_data(scenario: Any) -> dict:
             raise ConfigError(f"{p}: cannot read: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: must be a mapping of sections")
-        return data
+        from rtpo.scenario.paths import file_data
+
+        return file_data(p, data)
     raise ConfigError(
         f"scenario: must be None (the default), a file path, a mapping or a ScenarioConfig, got {type(scenario).__name__}"
     )

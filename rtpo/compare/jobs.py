@@ -58,7 +58,9 @@ def _scenario_data(scenario: str | None) -> tuple[dict, str]:
     data = parse_yaml(p.read_text(), str(p))
     if not isinstance(data, dict):
         raise ConfigError(f"{scenario}: must be a mapping of sections")
-    return data, p.stem
+    from rtpo.scenario.paths import file_data
+
+    return file_data(p, data), p.stem
 
 
 def _num_turns(cfg) -> int:

@@ -154,6 +154,13 @@ class EvalSamples:
                     None if c is None or "truncated_turns" not in c else float(c["truncated_turns"]) / max(turns, 1)
                 ),
                 "malformed_rate": float(self.malformed_turns.sum()) / max(turns, 1),
+                # the share of turns that parse as a valid tool call or a valid answer (the environment's
+                # own test of its action format: rtpo.llm.env, rtpo.llm.airline.env)
+                "valid_turn_rate": (
+                    None
+                    if c is None or "turns/valid" not in c or not c.get("turns")
+                    else float(c["turns/valid"]) / float(c["turns"])
+                ),
                 # episodes ended because their next context would pass the context limit (LLM env counter)
                 "context_overflow_rate": (
                     None if c is None or "turns" not in c else float(c.get("context_overflow", 0)) / episodes
@@ -261,6 +268,7 @@ _IN_RUN_KEYS = {
     "tool_ok_rate": "eval/tool_ok_rate",
     "truncation_rate": "eval/truncation_rate",
     "malformed_rate": "eval/malformed_rate",
+    "valid_turn_rate": "eval/valid_turn_rate",
     "context_overflow_rate": "eval/context_overflow_rate",
     "tokens_per_turn": "eval/tokens_per_turn",
     "tokens_per_success": "eval/tokens_per_success",

@@ -460,7 +460,7 @@ def learner_config(cfg: ScenarioConfig) -> Any:
         mixed_precision=b.mixed_precision,
         gradient_checkpointing=b.gradient_checkpointing,
         peak_flops=b.peak_flops,
-        lora=b.lora.spec(),
+        lora=b.lora.spec(init_seed=cfg.seed),  # every rank: the same initial adapters
     )
 
 

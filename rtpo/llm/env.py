@@ -266,6 +266,7 @@ class LLMEnv:
             last = e.k >= self.num_turns - 1
             wants_tools = bool(p.tool_calls or p.errors)
             answer = self._answer(p)
+            m["turns/valid"] += int(self._valid_turn(p, answer))
             if last or (answer is not None and not wants_tools):
                 done[i] = True
                 to_score.append((i, answer, e))
@@ -387,6 +388,18 @@ class LLMEnv:
     def _sampled(self, ids: np.ndarray) -> np.ndarray:
         """A response's ids without its stop token (what was decoded and parsed)."""
         return ids[:-1] if ids.size and int(ids[-1]) in self.chat.stop_ids else ids
+
+    def _valid_turn(self, p: ParsedResponse, answer: str | None) -> bool:
+        """A turn that parses as a valid action (eval/valid_turn_rate): tool calls that all parse, name
+        an offered tool with valid arguments and fit max_calls_per_turn, or, without any call, an answer
+        (the task's answer parse).  Judged on the text alone, also at the last turn where calls are not run."""
+        if p.errors:
+            return False
+        if p.tool_calls:
+            return len(p.tool_calls) <= self.max_calls_per_turn and not any(
+                self.tools.check(c.name, c.arguments) for c in p.tool_calls
+            )
+        return answer is not None
 
     def _answer(self, p: ParsedResponse) -> str | None:
         """The final answer of a turn: the last \\boxed{}, or the lenient parse if configured."""

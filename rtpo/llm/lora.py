@@ -32,12 +32,15 @@ class LoRASpec:
     dropout:        dropout on the adapters' input in training passes (0 = none: learner passes are then
                     deterministic, as the ratio pass against the engine's log-probs assumes).
     target_modules: the linear layers that get an adapter, by their last name (q_proj, v_proj, ...).
+    init_seed:      seed of the adapters' random A (the run's seed): every rank of an FSDP group and every
+                    Ray trainer actor draws the same initial adapters, whatever its RNG did before.
     """
 
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    init_seed: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_modules", tuple(self.target_modules))
@@ -87,7 +90,12 @@ def attach(model: Any, spec: LoRASpec) -> Any:
     """Inject peft LoRA layers into HF model `model` in place, freeze everything but the adapters, and
     return the PeftModel around it (its `disable_adapter()` gives the base model).  `model` keeps its
     class, its module tree (each target wrapped as `<name>.base_layer` beside `lora_A`/`lora_B`) and
-    its forward, so FSDP2 shards it exactly as it shards the plain model."""
+    its forward, so FSDP2 shards it exactly as it shards the plain model.
+
+    A is drawn from the CPU generator seeded with spec.init_seed alone (the caller's RNG state is restored
+    afterwards): each FSDP2 rank shards its own unsharded copy of the adapters, so ranks whose global RNG
+    had drawn differently before would otherwise start from different shards of different adapters."""
+    import torch
     from peft import LoraConfig, get_peft_model
 
     unknown = sorted(set(spec.target_modules) - linear_names(model))
@@ -101,8 +109,12 @@ def attach(model: Any, spec: LoRASpec) -> Any:
         bias="none",
         init_lora_weights=True,  # A Kaiming-uniform, B = 0: the adapted model starts as the base model
     )
-    # the adapters in the base weights' dtype (peft would cast them to float32): one dtype per FSDP2 unit
-    return get_peft_model(model, config, adapter_name=ADAPTER, autocast_adapter_dtype=False)
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ValueError("attach LoRA adapters to a model on the CPU (their seeded initialisation draws there)")
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(spec.init_seed)
+        # the adapters in the base weights' dtype (peft would cast them to float32): one dtype per FSDP2 unit
+        return get_peft_model(model, config, adapter_name=ADAPTER, autocast_adapter_dtype=False)
 
 
 def merge_weights(state: dict[str, Any], scaling: float) -> dict[str, Any]:

@@ -60,13 +60,14 @@ class LoRASection(BaseModel):
             raise ValueError("names a module twice")
         return v
 
-    def spec(self):
-        """The learner's LoRASpec, or None when LoRA is off."""
+    def spec(self, init_seed: int = 0):
+        """The learner's LoRASpec, or None when LoRA is off; init_seed seeds the adapters' initial A
+        (the run's seed, the same on every learner rank)."""
         if not self.enabled:
             return None
         from rtpo.llm.lora import LoRASpec
 
-        return LoRASpec(self.rank, self.alpha, self.dropout, tuple(self.target_modules))
+        return LoRASpec(self.rank, self.alpha, self.dropout, tuple(self.target_modules), int(init_seed))
 
 
 __all__ = ["LoRASection", "SandboxSection"]

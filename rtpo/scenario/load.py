@@ -161,6 +161,9 @@ def apply_override(data: dict, override: str) -> None:
         raise ConfigError(f"{key}: override value must be a scalar or a list of scalars, got {_fmt_input(raw)}")
     node, last = dotted_parent(data, key)
     node[last] = value
+    from rtpo.scenario.paths import resolve_override
+
+    resolve_override(data, key)  # a relative input path typed on the command line: the current folder's
 
 
 def dotted_parent(data: dict, key: str) -> tuple[dict, str]:
@@ -201,6 +204,10 @@ def load_scenario(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a mapping of sections, got {_fmt_input(data)}")
+    if path is not None:
+        from rtpo.scenario.paths import file_data
+
+        file_data(p, data)  # relative data paths in the file are relative to its folder (rtpo.scenario.paths)
     before = data.get("method", {}).get("name") if isinstance(data.get("method"), dict) else None
     for ov in overrides:
         apply_override(data, ov)

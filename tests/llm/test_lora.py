@@ -211,12 +211,56 @@ def test_bad_lora_config_is_one_line_naming_the_key(tiny_model_dir):
 
 def test_scenario_lora_reaches_learner_config():
     """backend.lora reaches the LearnerConfig both the driver's learner and every Ray trainer rank build
-    (rtpo.llm.build.learner_config); disabled, the learner trains every weight."""
+    (rtpo.llm.build.learner_config), the adapters' init seed being the run's seed; disabled, the learner
+    trains every weight.
+
+    Mutant: `lora=b.lora.spec()` (seed 0 whatever the run's seed) in learner_config turns it red."""
     from rtpo.llm.build import learner_config
 
-    on = load_scenario(TINY_CPU, ["backend.lora.enabled=true", "backend.lora.rank=2", "backend.lora.alpha=4"])
-    assert learner_config(on).lora == LoRASpec(2, 4.0, 0.0, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    lora = ["backend.lora.enabled=true", "backend.lora.rank=2", "backend.lora.alpha=4"]
+    on = load_scenario(TINY_CPU, [*lora, "seed=7"])
+    assert learner_config(on).lora == LoRASpec(2, 4.0, 0.0, ("q_proj", "k_proj", "v_proj", "o_proj"), init_seed=7)
     assert learner_config(load_scenario(TINY_CPU, [])).lora is None
+
+
+def _attached_adapters(model_dir, spec: LoRASpec, rng_seed: int) -> dict[str, torch.Tensor]:
+    """One simulated rank: its global RNG left by whatever ran before (seeded rng_seed, then drawn from),
+    then the model loaded and the adapters attached as FSDPLearner does."""
+    from rtpo.llm.lora import attach
+    from rtpo.llm.model import load_hf_model
+
+    torch.manual_seed(rng_seed)
+    torch.rand(rng_seed + 1)
+    model = load_hf_model(model_dir)
+    attach(model, spec)
+    return {n: p.detach().clone() for n, p in model.named_parameters() if is_adapter_key(n)}
+
+
+def test_ranks_with_different_rng_histories_build_the_same_adapters(tiny_model_dir):
+    """Two ranks whose global torch RNG drew differently before the learner was built (another rank,
+    another Ray actor, a test process that ran other tests) attach bit-identical initial adapters, leave
+    their global RNG as it was, and another init_seed gives other adapters (the seed is what decides).
+    FSDP2 shards each rank's own unsharded copy, so differing copies would train a mixture.
+
+    Mutant: removing `torch.default_generator.manual_seed(spec.init_seed)` from rtpo.llm.lora.attach
+    turns it red (A would follow each rank's RNG; the 2-rank slow test then fails by ~0.3 in log-probs)."""
+    rank0 = _attached_adapters(tiny_model_dir, SPEC, 0)
+    rank1 = _attached_adapters(tiny_model_dir, SPEC, 1)
+    assert rank0 and rank0.keys() == rank1.keys()
+    for n in rank0:
+        assert torch.equal(rank0[n], rank1[n]), f"{n}: ranks with other RNG histories drew other adapters"
+    from rtpo.llm.lora import attach
+    from rtpo.llm.model import load_hf_model
+
+    model = load_hf_model(tiny_model_dir)
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
+    attach(model, SPEC)
+    assert torch.equal(torch.rand(3), want), "attach moved the caller's global RNG"
+    other = _attached_adapters(tiny_model_dir, dataclasses.replace(SPEC, init_seed=1), 0)
+    a_keys = [n for n in rank0 if "lora_A" in n]
+    assert a_keys and all(not torch.equal(other[n], rank0[n]) for n in a_keys), "init_seed does not decide A"
 
 
 def _two_rank_driver(model_dir, cfg: LearnerConfig, out_path: str) -> None:

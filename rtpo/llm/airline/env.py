@@ -235,7 +235,11 @@ class AirlineEnv:
                 e = replace(e, said=e.said + (beside,))
             e = replace(e, history=e.history + (("assistant", raw_text),))
             if p.tool_calls or p.errors:
+                invalid = m["tool/unknown"] + m["tool/invalid_arguments"]
                 e, results, bad, transferred = self._run_calls(e, p)
+                # eval/valid_turn_rate: every call parsed, named a tool and had valid arguments (a call the
+                # database then refuses, e.g. an unknown reservation, is still a valid call)
+                m["turns/valid"] += int(not bad and m["tool/unknown"] + m["tool/invalid_arguments"] == invalid)
                 e = replace(e, history=e.history + tuple(("tool", r) for r in results))
                 malformed[i] = bad
                 if transferred:
@@ -252,6 +256,7 @@ class AirlineEnv:
                 if not message:
                     malformed[i] = True
                     m["malformed/empty_message"] += 1
+                m["turns/valid"] += int(bool(message) and p.finished)  # a whole message to the user: an answer
                 if TRANSFER_MESSAGE in message.upper():
                     m["user/transfer_message"] += 1
                 out[i] = e
