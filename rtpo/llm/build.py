@@ -12,6 +12,7 @@ built once), rtpo.llm.sampler (the engine as the run's sampler); their names are
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import os
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from rtpo.llm.schema import (
     task_schemas,
 )
 from rtpo.llm.worlds import WorldTaskConfig
-from rtpo.scenario.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
+from rtpo.scenario.backends import BackendSpec, BuiltBackend, PendingCounters, register_backend, rollout_memory
 from rtpo.scenario.schema import ConfigError, ScenarioConfig
 
 __all__ = [  # the moved pieces stay importable from rtpo.llm.build
@@ -94,6 +95,19 @@ def _evaluate(sampled: SampledEval, env: Any, sampler: TrackedSampler, seed: int
     out.update(in_run_metrics(sampled, np.arange(num, dtype=np.int64), seed + IN_RUN_SEED_OFFSET))
     out.update({"time/weight_sync_s": sampler.sync_seconds, "time/weight_syncs": float(sampler.syncs)})
     return out
+
+
+def _pending_counters(env: Any) -> PendingCounters | None:
+    """The counters the training env keeps until evaluate() pops them (every llm env holds them in a
+    Counter `metrics`), for the checkpoint: a resume from a checkpoint between two evaluations logs at
+    the next one what the phases before the checkpoint counted, as the unbroken run does."""
+    if not isinstance(getattr(env, "metrics", None), collections.Counter):
+        return None
+
+    def load(counts: dict) -> None:
+        env.metrics = collections.Counter(counts)
+
+    return PendingCounters(state=lambda: dict(env.metrics), load=load)
 
 
 def _model_dir(cfg: ScenarioConfig) -> Path:
@@ -581,6 +595,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
             sampler_state=sampler.state,
             load_sampler_state=sampler.load_state,
             sampler_state_at_boundary=lambda: TrackedSampler.RESYNC,
+            counters=_pending_counters(side.env),
             num_queries=None,
             value_key=value_key,
             optimum_key="eval/v_star",
@@ -596,6 +611,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         # between iterations the checkpoint keeps no second copy of the weights: begin() pushes them anyway
         sampler_state_at_boundary=lambda: TrackedSampler.RESYNC,
         sample_log=getattr(env, "sample_log", None),
+        counters=_pending_counters(env),
         num_queries=side.num_queries,
         value_key="eval/value",
         sampled_eval=sampled,
