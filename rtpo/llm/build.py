@@ -538,6 +538,19 @@ def _tool_names(task: Any) -> list[str]:
     return [t if isinstance(t, str) else next(iter(t), "") for t in (getattr(task, "tools", None) or [])]
 
 
+def _tracked_sampler(cfg: ScenarioConfig, engine: Any, model_dir: Path) -> TrackedSampler:
+    """The run's sampler around `engine`, counting the generator's model FLOPs from the model folder's
+    config (rtpo.llm.flops) against backend.peak_flops × tensor_parallel_size (the engine's devices)."""
+    import json
+
+    from rtpo.llm.flops import ModelShape
+
+    b: LLMBackendConfig = cfg.backend
+    shape = ModelShape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    peak = b.peak_flops * b.tensor_parallel_size if b.peak_flops else None
+    return TrackedSampler(engine, shape=shape, peak_flops=peak)
+
+
 def build_role(cfg: ScenarioConfig, role: str, run_tool: Any = None) -> RunContext:
     """Only what one role of a distributed run uses (rtpo.distributed.ScenarioFactory calls this).
 
@@ -552,7 +565,7 @@ def build_role(cfg: ScenarioConfig, role: str, run_tool: Any = None) -> RunConte
     rng = np.random.default_rng(cfg.seed)
     if role == "rollout":
         side = _rollout_side(cfg, model_dir, role, run_tool)
-        return RunContext(env=side.env, sampler=TrackedSampler(side.engine), learner=None, rng=rng)
+        return RunContext(env=side.env, sampler=_tracked_sampler(cfg, side.engine, model_dir), learner=None, rng=rng)
     if role == "trainer":
         return RunContext(env=None, sampler=None, learner=_learner(cfg, model_dir, role), rng=rng)
     raise ValueError(f"build_role: unknown role {role!r} (rollout, trainer or driver)")
@@ -571,7 +584,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         temperature=b.eval_temperature, top_p=b.eval_top_p, max_tokens=b.max_tokens, stop_token_ids=side.stop
     )
     learner = _learner(cfg, model_dir, "driver")
-    sampler = TrackedSampler(engine)
+    sampler = _tracked_sampler(cfg, engine, model_dir)
     rng = np.random.default_rng(cfg.seed)
     ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng)
     if isinstance(task, WorldTaskConfig):
