@@ -537,7 +537,10 @@ class FSDPLearner:
                     self._fwd_cache = (self._version, batch, lp, self._entropy)
                 if rows.size:
                     mine.append((rows, lp.detach().double().cpu().numpy()))
-        parts = self._gather(mine)
+        return self._assemble(batch, self._gather(mine))
+
+    def _assemble(self, batch: TurnBatch, parts: list) -> Ragged | None:
+        """Rank 0: every rank's (rows, token log-probs) pieces, in the batch's token order."""
         if self.rank != 0:
             return None
         out = np.zeros(batch.num_tokens, dtype=np.float64)
@@ -546,6 +549,27 @@ class FSDPLearner:
             pos = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in rows])
             out[pos] = lp
         return Ragged(out, offsets)
+
+    def ref_logprobs(self, batch: TurnBatch) -> Ragged:
+        """The KL reference's teacher-forced log-probs of the response tokens (ReferenceLogprobs: a KL
+        penalty in the reward, rtpo.core.kl_reward); needs kl_reference (or LoRA)."""
+        self._check(batch)
+        if self.ref_model is None and self.peft is None:
+            raise ValueError("ref_logprobs needs a reference model: build the learner with kl_reference=True")
+        t0 = time.perf_counter()
+        try:
+            return self._call("ref_logprobs", batch)
+        finally:
+            self._times["time/logprobs_s"] += time.perf_counter() - t0
+
+    def _do_ref_logprobs(self, batch: TurnBatch) -> Ragged | None:
+        plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
+        mine = []
+        for rows in plan[self.rank]:  # an empty one is a dummy pass, in step with the other ranks' collectives
+            lp = self._reference_logp(batch, rows)
+            if rows.size:
+                mine.append((rows, lp.double().cpu().numpy()))
+        return self._assemble(batch, self._gather(mine))
 
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
         self._check(batch)
