@@ -37,22 +37,44 @@ def reproducible(record: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if not wall_clock(k)}
 
 
-GENERATION_COUNTS = ("time/generate_s", "gen/tokens", "gen/responses")
+# gen/prefill_flops, gen/decode_flops: the engine's model FLOPs (rtpo.llm.flops); gen/peak_flop_budget_s:
+# Σ peak FLOP/s × engine seconds, so that MFU summed over Ray's workers is Σ FLOPs / Σ (peak · seconds)
+GENERATION_COUNTS = (
+    "time/generate_s",
+    "gen/tokens",
+    "gen/responses",
+    "gen/prefill_flops",
+    "gen/decode_flops",
+    "gen/peak_flop_budget_s",
+)
 
 
 def generation_metrics(counts: Mapping[str, float]) -> dict[str, float]:
     """Summed generation counts (GENERATION_COUNTS) -> the record's generation keys: time in the engine,
     tokens and responses, mean response length (tokens per response) and tokens per second of engine
     time (over Ray's workers: the summed engine seconds, so a per-engine rate).  Nothing when nothing
-    was generated."""
+    was generated.
+
+    Where the sampler counts model FLOPs (rtpo.llm.flops): perf/generator_flops (prefill + decode),
+    perf/generator_prefill_flops, perf/generator_flops_per_s (per second of engine time, like
+    gen/tokens_per_s) and, where a peak is configured, perf/generator_mfu = Σ FLOPs / Σ (peak · seconds)."""
     responses = float(counts.get("gen/responses", 0.0))
     if not responses:
         return {}
     seconds, tokens = float(counts.get("time/generate_s", 0.0)), float(counts.get("gen/tokens", 0.0))
-    return {
+    out = {
         "time/generate_s": seconds,
         "gen/tokens": tokens,
         "gen/responses": responses,
         "gen/response_len_mean": tokens / responses,
         "gen/tokens_per_s": tokens / seconds if seconds > 0 else float("nan"),
     }
+    prefill, decode = float(counts.get("gen/prefill_flops", 0.0)), float(counts.get("gen/decode_flops", 0.0))
+    if prefill or decode:
+        out["perf/generator_flops"] = prefill + decode
+        out["perf/generator_prefill_flops"] = prefill
+        out["perf/generator_flops_per_s"] = (prefill + decode) / seconds if seconds > 0 else float("nan")
+        budget = float(counts.get("gen/peak_flop_budget_s", 0.0))
+        if budget > 0:
+            out["perf/generator_mfu"] = (prefill + decode) / budget
+    return out

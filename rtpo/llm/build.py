@@ -12,6 +12,7 @@ built once), rtpo.llm.sampler (the engine as the run's sampler); their names are
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import os
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from rtpo.llm.schema import (
     task_schemas,
 )
 from rtpo.llm.worlds import WorldTaskConfig
-from rtpo.scenario.backends import BackendSpec, BuiltBackend, register_backend, rollout_memory
+from rtpo.scenario.backends import BackendSpec, BuiltBackend, PendingCounters, register_backend, rollout_memory
 from rtpo.scenario.schema import ConfigError, ScenarioConfig
 
 __all__ = [  # the moved pieces stay importable from rtpo.llm.build
@@ -94,6 +95,19 @@ def _evaluate(sampled: SampledEval, env: Any, sampler: TrackedSampler, seed: int
     out.update(in_run_metrics(sampled, np.arange(num, dtype=np.int64), seed + IN_RUN_SEED_OFFSET))
     out.update({"time/weight_sync_s": sampler.sync_seconds, "time/weight_syncs": float(sampler.syncs)})
     return out
+
+
+def _pending_counters(env: Any) -> PendingCounters | None:
+    """The counters the training env keeps until evaluate() pops them (every llm env holds them in a
+    Counter `metrics`), for the checkpoint: a resume from a checkpoint between two evaluations logs at
+    the next one what the phases before the checkpoint counted, as the unbroken run does."""
+    if not isinstance(getattr(env, "metrics", None), collections.Counter):
+        return None
+
+    def load(counts: dict) -> None:
+        env.metrics = collections.Counter(counts)
+
+    return PendingCounters(state=lambda: dict(env.metrics), load=load)
 
 
 def _model_dir(cfg: ScenarioConfig) -> Path:
@@ -517,6 +531,19 @@ def _tool_names(task: Any) -> list[str]:
     return [t if isinstance(t, str) else next(iter(t), "") for t in (getattr(task, "tools", None) or [])]
 
 
+def _tracked_sampler(cfg: ScenarioConfig, engine: Any, model_dir: Path) -> TrackedSampler:
+    """The run's sampler around `engine`, counting the generator's model FLOPs from the model folder's
+    config (rtpo.llm.flops) against backend.peak_flops × tensor_parallel_size (the engine's devices)."""
+    import json
+
+    from rtpo.llm.flops import ModelShape
+
+    b: LLMBackendConfig = cfg.backend
+    shape = ModelShape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    peak = b.peak_flops * b.tensor_parallel_size if b.peak_flops else None
+    return TrackedSampler(engine, shape=shape, peak_flops=peak)
+
+
 def build_role(cfg: ScenarioConfig, role: str, run_tool: Any = None) -> RunContext:
     """Only what one role of a distributed run uses (rtpo.distributed.ScenarioFactory calls this).
 
@@ -531,7 +558,7 @@ def build_role(cfg: ScenarioConfig, role: str, run_tool: Any = None) -> RunConte
     rng = np.random.default_rng(cfg.seed)
     if role == "rollout":
         side = _rollout_side(cfg, model_dir, role, run_tool)
-        return RunContext(env=side.env, sampler=TrackedSampler(side.engine), learner=None, rng=rng)
+        return RunContext(env=side.env, sampler=_tracked_sampler(cfg, side.engine, model_dir), learner=None, rng=rng)
     if role == "trainer":
         return RunContext(env=None, sampler=None, learner=_learner(cfg, model_dir, role), rng=rng)
     raise ValueError(f"build_role: unknown role {role!r} (rollout, trainer or driver)")
@@ -576,7 +603,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         temperature=b.eval_temperature, top_p=b.eval_top_p, max_tokens=b.max_tokens, stop_token_ids=side.stop
     )
     learner = _learner(cfg, model_dir, "driver")
-    sampler = TrackedSampler(engine)
+    sampler = _tracked_sampler(cfg, engine, model_dir)
     rng = np.random.default_rng(cfg.seed)
     ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng)
     if isinstance(task, WorldTaskConfig):
@@ -587,6 +614,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
             sampler_state=sampler.state,
             load_sampler_state=sampler.load_state,
             sampler_state_at_boundary=lambda: TrackedSampler.RESYNC,
+            counters=_pending_counters(side.env),
             num_queries=None,
             value_key=value_key,
             optimum_key="eval/v_star",
@@ -602,6 +630,7 @@ def build(cfg: ScenarioConfig) -> BuiltBackend:
         # between iterations the checkpoint keeps no second copy of the weights: begin() pushes them anyway
         sampler_state_at_boundary=lambda: TrackedSampler.RESYNC,
         sample_log=getattr(env, "sample_log", None),
+        counters=_pending_counters(env),
         num_queries=side.num_queries,
         value_key="eval/value",
         sampled_eval=sampled,

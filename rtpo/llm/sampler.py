@@ -11,20 +11,28 @@ from typing import Any
 
 from rtpo.core.metrics import generation_metrics
 
+_ZERO = {"s": 0.0, "tokens": 0, "responses": 0, "prefill_flops": 0.0, "decode_flops": 0.0}
+
 
 class TrackedSampler:
-    """The engine, plus what the run needs around it: the weights it last loaded (checkpoints) and the
-    time spent loading weights (the sync share of a phase)."""
+    """The engine, plus what the run needs around it: the weights it last loaded (checkpoints), the
+    time spent loading weights (the sync share of a phase) and what it generated.
+
+    shape: the model's sizes (rtpo.llm.flops.ModelShape): each generate call also counts its model FLOPs
+    (prefill + decode); None = not counted.  peak_flops: the engine's peak FLOP/s (one device's peak ×
+    its tensor-parallel devices), for perf/generator_mfu; None = achieved FLOP/s only."""
 
     RESYNC = "resync: the learner's weights are pushed before the next sample"
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, shape: Any = None, peak_flops: float | None = None) -> None:
         self.engine = engine
+        self.shape = shape
+        self.peak_flops = peak_flops
         self.current: Any = None
         self.sync_seconds = 0.0
         self.syncs = 0
         self.needs_sync = False
-        self._gen = {"s": 0.0, "tokens": 0, "responses": 0}
+        self._gen = dict(_ZERO)
 
     def generate(self, contexts, turn, n, rng):
         if self.needs_sync:  # restored from an iteration-boundary checkpoint, which kept no sampler weights
@@ -37,18 +45,30 @@ class TrackedSampler:
         self._gen["s"] += time.perf_counter() - t0
         self._gen["tokens"] += int(out.tokens.lengths.sum())
         self._gen["responses"] += len(out)
+        if self.shape is not None:
+            from rtpo.llm.flops import generation_flops
+
+            prefill, decode = generation_flops(self.shape, contexts.lengths, out.tokens.lengths, n)
+            self._gen["prefill_flops"] += prefill
+            self._gen["decode_flops"] += decode
         return out
 
     def pop_generation_counts(self) -> dict[str, float]:
         """The summed counts since the last call (rtpo.core.protocols.CountsGeneration): seconds in the
-        engine, tokens and responses generated; a Ray rollout worker sends them with each chunk."""
-        g, self._gen = self._gen, {"s": 0.0, "tokens": 0, "responses": 0}
-        return {"time/generate_s": g["s"], "gen/tokens": float(g["tokens"]), "gen/responses": float(g["responses"])}
+        engine, tokens and responses generated, and (with a model shape) their model FLOPs and the peak FLOPs
+        the engine time allowed; a Ray rollout worker sends them with each chunk."""
+        g, self._gen = self._gen, dict(_ZERO)
+        out = {"time/generate_s": g["s"], "gen/tokens": float(g["tokens"]), "gen/responses": float(g["responses"])}
+        if self.shape is not None:
+            out["gen/prefill_flops"], out["gen/decode_flops"] = g["prefill_flops"], g["decode_flops"]
+            if self.peak_flops:
+                out["gen/peak_flop_budget_s"] = self.peak_flops * g["s"]
+        return out
 
     def pop_metrics(self) -> dict[str, float]:
         """The training rollouts' generation since the last call (rtpo.core.protocols.ReportsMetrics):
-        time in the engine, tokens and responses generated, mean response length, tokens per second
-        (rtpo.core.metrics.generation_metrics).  Evaluation samples through eval_engine and is not counted here."""
+        time in the engine, tokens and responses generated, mean response length, tokens per second, and
+        the generator's model FLOPs, FLOP/s and MFU (rtpo.core.metrics.generation_metrics).  Evaluation samples through eval_engine and is not counted here."""
         return generation_metrics(self.pop_generation_counts())
 
     def state(self) -> Any:

@@ -65,7 +65,8 @@ class LLMBackendConfig(BackendConfig):
         None,
         gt=0,
         description="one device's peak FLOP/s (e.g. 989e12: H200 dense bf16): train steps report the learner's "
-        "perf/learner_mfu against it; null = only the achieved perf/learner_flops_per_s",
+        "perf/learner_mfu against it (x world_size), rollout phases the generator's perf/generator_mfu (x "
+        "tensor_parallel_size); null = only the achieved perf/learner_flops_per_s and perf/generator_flops_per_s",
     )
     hardware: str | None = Field(
         None,

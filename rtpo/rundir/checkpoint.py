@@ -38,6 +38,7 @@ names is gone, resuming is refused rather than silently restarting from phase 0 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -69,6 +70,7 @@ LEARNER_PREFIX = "learner-"  # ckpt/<name>/learner-<k>/: a learner's own sharded
 DCP_FORMAT = "torch-dcp"
 DCP_METADATA = ".metadata"
 VERSION = 2
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)  # a write that failed for want of room
 _MAGIC = b"RTPO-CHECKPOINT "
 _STATE_KEYS = ("version", "learner", "sampler", "rng", "budget", "progress")
 _NAME = re.compile(r"iter_(\d{1,9})(?:_phase_(\d{1,9}))?")
@@ -307,6 +309,37 @@ def _drop_learner_dirs(folder: Path, keep: str | None) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def no_room(e: BaseException, where: Path) -> OSError | None:
+    """The write failure `e` as one OSError naming its file (`where` when it names none) when it was for want
+    of room (disk full, quota, file too large, read-only: NO_ROOM), else None.
+
+    torch.distributed.checkpoint reports a full disk as a CheckpointException holding each rank's failure,
+    often PyTorchStreamWriter's "unexpected pos" RuntimeError with the OSError only in its context, and a
+    failure sent from another rank loses its context in pickling; so the exception's cause and context
+    chains and the ranks' failures are searched for the OSError, and a failure with none found while the
+    filesystem holding `where` has less than a mebibyte free is taken as ENOSPC."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in NO_ROOM:
+            return OSError(x.errno, x.strerror, x.filename or str(where))
+        todo += [x.__cause__, x.__context__]
+        failures = getattr(x, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        return None
+    try:
+        free = shutil.disk_usage(next(p for p in (where, *where.parents) if p.exists())).free
+    except (OSError, StopIteration):
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where)) if free < 2**20 else None
+
+
 def write_checkpoint(
     run_dir: Path, cfg: ScenarioConfig, state: dict[str, Any], name: str, keep_last: int | None = None
 ) -> Path:
@@ -319,11 +352,22 @@ def write_checkpoint(
     run_dir = Path(run_dir)
     root = run_dir / CKPT_DIR
     folder = root / name
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     state = dict(state)
     learner = state.get("learner")
     if isinstance(learner, ShardedLearner):  # every rank writes its shard into a folder nothing names yet
-        state["learner"] = _sharded_entry(folder, learner.save(_fresh_learner_dir(folder)))
+        shards = _fresh_learner_dir(folder)
+        try:
+            saved = learner.save(shards)
+        except BaseException as e:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+            full = no_room(e, shards)
+            if full is None:
+                raise
+            # the torn shards (and the folder this call made): `latest` still names the last checkpoint
+            shutil.rmtree(folder if created else shards, ignore_errors=True)
+            raise full from None
+        state["learner"] = _sharded_entry(folder, saved)
     elif is_sharded(learner) and "path" in learner:  # a verified state of another folder (a fork)
         state["learner"] = _copy_sharded(folder, learner)
     atomic_write_bytes(folder / STATE, _encode(cfg, state))  # re-saving a position replaces the file atomically

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import math
 import os
@@ -71,6 +70,9 @@ class _Progress:
     method_state: Any = None  # what the method carries across iterations (Method.state_dict)
     phases_in_iter: int = 0  # phases the current iteration started with (progress bar only)
     stopped_by: str | None = None
+    # the env's counters not yet logged (BuiltBackend.counters): evaluate() logs them, and a checkpoint
+    # between two evaluations would otherwise lose what the phases before it counted
+    env_counters: dict | None = None
 
 
 def _check_out_root(out_root: Path) -> None:
@@ -118,6 +120,8 @@ def _save_checkpoint(run_dir: Path, cfg: ScenarioConfig, built: BuiltBackend, pr
         "budget": dataclasses.asdict(ctx.budget),
         "progress": {f.name: getattr(prog, f.name) for f in dataclasses.fields(prog)},
     }
+    if built.counters is not None:
+        state["progress"]["env_counters"] = built.counters.state()
     # at an iteration boundary the checkpoint joins the history (iter_N); inside one it is transient
     name = checkpoint.checkpoint_name(prog.iteration, None if prog.it_state is None else prog.phase_in_iter)
     checkpoint.write_checkpoint(run_dir, cfg, state, name, cfg.logging.keep_last)
@@ -130,6 +134,9 @@ def _restore(state: dict, built: BuiltBackend) -> _Progress:
     ctx.rng.bit_generator.state = state["rng"]
     ctx.budget = Budget(**state["budget"])
     prog = _Progress(**state["progress"])
+    if built.counters is not None:  # a checkpoint of an older version has none: nothing was pending then
+        built.counters.load(prog.env_counters or {})
+    prog.env_counters = None
     # Ctrl-C stopped it at a phase boundary: carry on from there; a finished run re-checks its budget,
     # which a resume may have raised (budget.iterations / budget.max_rollouts)
     if prog.stopped_by in ("interrupted", "iterations", "max_rollouts"):
@@ -348,7 +355,7 @@ def _run_scenario(cfg, out_root, resume, progress, overrides, iteration, verbose
                 built.ctx.shutdown()
 
 
-_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+_NO_ROOM = checkpoint.NO_ROOM
 
 
 def _write_error(run_dir: Path, e: OSError) -> RunWriteError:

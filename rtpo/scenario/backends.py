@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from rtpo.scenario.schema import ScenarioConfig
 
 
+@dataclass(frozen=True)
+class PendingCounters:
+    """state: () -> the counters accumulated and not yet logged (a picklable dict); load: sets them."""
+
+    state: Callable[[], dict]
+    load: Callable[[dict], None]
+
+
 @dataclass
 class BuiltBackend:
     """What a builder returns: the objects a method drives plus how to evaluate and checkpoint them.
@@ -36,6 +44,9 @@ class BuiltBackend:
                         every method's `begin` pushes the learner's weights first (Algorithm 1 step 2.1), so
                         the weights the sampler holds are never used again (llm: a marker, not a second copy
                         of the weights; the restored sampler refuses to sample before that push).
+    counters:           optional PendingCounters: the env's counters that `evaluate` logs (env/*), read and
+                        set by checkpoints so a resume between two evaluations logs what was counted
+                        before the checkpoint too (llm: the env's counters since the last evaluate()).
     num_queries:        size of the query set (ids cycle through it); None = unbounded ids.
     value_key:          the evaluate() metric that is the policy's value (plotted, summarised).
     optimum_key:        the evaluate() metric holding the exact optimum, if the backend knows one.
@@ -50,6 +61,7 @@ class BuiltBackend:
     load_sampler_state: Callable[[Any], None]
     sampler_state_at_boundary: Callable[[], Any] | None = None
     sample_log: Callable[[int], list[dict]] | None = None
+    counters: PendingCounters | None = None
     num_queries: int | None = None
     value_key: str = "eval/value"
     optimum_key: str | None = None

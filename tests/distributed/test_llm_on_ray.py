@@ -208,13 +208,22 @@ def test_the_rollout_workers_environment_counters_reach_the_driver(ray_run, shar
         assert ray[k] == pytest.approx(local[k], rel=1e-12, abs=1e-12), k
 
 
-GEN_KEYS = {"time/generate_s", "gen/tokens", "gen/responses", "gen/response_len_mean", "gen/tokens_per_s"}
+GEN_KEYS = {
+    "time/generate_s",
+    "gen/tokens",
+    "gen/responses",
+    "gen/response_len_mean",
+    "gen/tokens_per_s",
+    "perf/generator_flops",
+    "perf/generator_flops_per_s",
+}
 
 
 def test_ray_phases_report_generation_under_the_one_process_keys(ray_run, sharded_run, plain_run):
     """The rollout workers' generation reaches the driver's phase metrics under the keys a one-process
     run logs (gen/*, time/generate_s): each phase's tokens and responses are what its recorded rollouts
-    generated (the first phase also carries begin's trunks) and equal the sharded run's (the same episodes)."""
+    generated (the first phase also carries begin's trunks) and equal the sharded run's (the same episodes),
+    and so do the generator's model FLOPs (rtpo.llm.flops), summed over the workers."""
     for run in (ray_run, sharded_run, plain_run):
         for p in run.phases:
             assert GEN_KEYS <= set(p), sorted(GEN_KEYS - set(p))
@@ -224,6 +233,7 @@ def test_ray_phases_report_generation_under_the_one_process_keys(ray_run, sharde
         assert sum(p["gen/responses"] for p in run.phases) == sum(r.turns for r, _ in run.rollouts)
     for pa, pb in zip(ray_run.phases, sharded_run.phases, strict=True):
         assert (pa["gen/tokens"], pa["gen/responses"]) == (pb["gen/tokens"], pb["gen/responses"])
+        assert pa["perf/generator_flops"] == pytest.approx(pb["perf/generator_flops"], rel=1e-12), "same episodes"
 
 
 @pytest.mark.parametrize("which", ["ray_run", "ray_collective_run"])
