@@ -295,3 +295,98 @@ def test_a_plugin_task_and_method_through_the_python_api(tmp_path, monkeypatch, 
     )
     assert res.summary["optimum"] == 1.0 and 0 < res.summary["final_value"] <= 1.0
     assert list(tmp_path.iterdir()) == []
+
+
+_EVERY_REGISTRY = (
+    "from rtpo.core.estimators import ESTIMATORS, sibling_advantage\n"
+    "from rtpo.core.methods import register_method\n"
+    "from rtpo.core.methods.rtpo import RTPO\n"
+    "from rtpo.tabular.tasks import TASKS\n"
+    "from rtpo.llm.tasks.math import TASK_BUILDERS, arithmetic_task\n"
+    "from rtpo.llm.textenv import register_text_env\n"
+    "from rtpo.llm.tools.function import register_function\n"
+    "register_method('p27_method')(type('M', (RTPO,), {}))\n"
+    "ESTIMATORS.register('p27_estimator')(sibling_advantage)  # a function of rtpo under a new name\n"
+    "TASKS.register('p27_tabular')(TASKS.get('random'))  # an instance of rtpo's\n"
+    "TASK_BUILDERS.register('p27_llm_task')(arithmetic_task)\n"
+    "register_text_env('p27_text_env')(type('E', (), {}))\n"
+    "def p27_tool(x: int) -> str:\n    'A tool.'\n    return str(x)\n"
+    "register_function(p27_tool)  # registers a lambda of rtpo.llm.tools.function\n"
+)
+_CHECK = """
+import json, sys
+from rtpo.core import registry
+from rtpo.scenario import plugins
+from rtpo.scenario.schema import ConfigError
+out = {}
+for name in sys.argv[1:]:
+    try:
+        plugins.load_module(name)
+        out[name] = "loaded"
+    except ConfigError as e:
+        out[name] = str(e)
+import rtpo.llm.tools, rtpo.llm.textenv, rtpo.tabular.tasks, rtpo.llm.tasks.math  # noqa: E401
+out["left"] = sorted(f"{r.kind} {n}" for r in list(registry._ALL) for n in r._items if n.startswith("p27"))
+out["builtins"] = sorted(f"{r.kind} {n}" for r in list(registry._ALL) for n in r._items if n in ("python", "arithmetic", "random", "rtpo"))
+from rtpo.scenario.plugins import _load_entry_point
+class EP:
+    value = "p27_ep:register"
+    def load(self):
+        import p27_ep
+        return p27_ep.register
+try:
+    _load_entry_point(EP())
+except RuntimeError as e:
+    out["entry point"] = str(e)
+out["left after entry point"] = sorted(f"{r.kind} {n}" for r in list(registry._ALL) for n in r._items if n.startswith("p27"))
+print(json.dumps(out))
+"""
+
+
+def test_a_failed_plugin_leaves_nothing_in_any_registry_even_one_its_import_created(tmp_path):
+    """In a fresh interpreter (so the tool, text-environment, tabular and llm task registries do not exist
+    yet and the plugin's import creates them), plugins that register in every registry — through the
+    helpers (register_function's lambda is rtpo's, an estimator registered is rtpo's own function) — and
+    then raise, call sys.exit, or fail in a helper module of their package after it registered: each is
+    one line and leaves nothing registered, while the built-ins those imports registered stay; so does an
+    entry point's callable that registers and raises.  Before: 15 of the three plugins' 18 names stayed (the
+    rollback saw only registries that existed before the import, and kept an entry whose object's module
+    was imported: rtpo's own function, register_function's lambda).  Mutant: that rollback (main before
+    this test) turns it red; so does judging journaled entries by their object's module."""
+    (tmp_path / "p27_raises.py").write_text(_EVERY_REGISTRY + "raise RuntimeError('after registering')\n")
+    (tmp_path / "p27_exits.py").write_text(_EVERY_REGISTRY.replace("p27_", "p27x_") + "import sys\nsys.exit(3)\n")
+    pkg = tmp_path / "p27pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text(_EVERY_REGISTRY.replace("p27_", "p27h_"))
+    (pkg / "plugin.py").write_text("import p27pkg.helpers\nraise ImportError('later')\n")
+    (tmp_path / "p27_ep.py").write_text(
+        "def register():\n    "
+        + _EVERY_REGISTRY.replace("p27_", "p27e_").replace("\n", "\n    ")
+        + "raise RuntimeError('callable failed')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHECK, "p27_raises", "p27_exits", "p27pkg.plugin"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["p27_raises"] == "plugins: plugin 'p27_raises' failed to import: RuntimeError: after registering"
+    assert out["p27_exits"] == "plugins: plugin 'p27_exits' failed to import: SystemExit: 3"
+    assert out["p27pkg.plugin"] == "plugins: plugin 'p27pkg.plugin' failed to import: ImportError: later"
+    assert out["left"] == [], f"failed plugins left {out['left']} registered"
+    assert out["builtins"] == [
+        "method rtpo",
+        "tabular task random",
+        "task arithmetic",
+        "tool python",
+    ], out["builtins"]
+    assert out["entry point"] == "callable failed"
+    assert out["left after entry point"] == [], f"a failed entry point left {out['left after entry point']} registered"
+    cli = _rtpo(["run", "--plugin", "p27_raises", "--out", "runs", "--no-progress"], tmp_path, [ROOT, tmp_path])
+    assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and "after registering" in cli.stderr, cli.stderr

