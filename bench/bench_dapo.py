@@ -94,7 +94,7 @@ def run_llm_cell(over: list[str], seeds: int, max_rollouts: int, model_cache: Pa
     from rtpo.rundir.runner import run_in_memory
     from rtpo.scenario.load import load_scenario
 
-    values, rollouts, informative, walls = [], [], [], []
+    values, rollouts, informative, walls, updates = [], [], [], [], []
     for seed in range(seeds):
         cfg = load_scenario(
             str(LLM_SCENARIO),
@@ -111,19 +111,24 @@ def run_llm_cell(over: list[str], seeds: int, max_rollouts: int, model_cache: Pa
         values.append(float(res.summary["final_value"]))
         rollouts.append(float(res.summary["rollouts"]))
         walls.append(float(res.summary["wall_s"]))
+        updates.append(int(res.summary["phases_done"]))  # GRPO: one train step per iteration
         inf = [
             m["dapo/informative_groups"] / cfg.budget.queries_per_iteration
             for m in res.metrics
             if "dapo/informative_groups" in m
         ]
         informative.append(float(np.mean(inf)) if inf else float("nan"))
-        print(f"  seed {seed}: pass@1 {values[-1]:.3f}, {rollouts[-1]:.0f} rollouts, {walls[-1]:.0f} s", flush=True)
+        print(
+            f"  seed {seed}: pass@1 {values[-1]:.3f}, {rollouts[-1]:.0f} rollouts, {updates[-1]} steps, {walls[-1]:.0f} s",
+            flush=True,
+        )
     v = np.asarray(values)
     return {
         "pass_at_1_mean": float(v.mean()),
         "pass_at_1_se": float(v.std(ddof=1) / np.sqrt(v.size)),
         "pass_at_1": values,
         "rollouts_mean": float(np.mean(rollouts)),
+        "train_steps": updates,
         "informative_group_share_mean": float(np.nanmean(informative)) if not np.all(np.isnan(informative)) else None,
         "wall_s": walls,
     }

@@ -119,14 +119,7 @@ def _model_dir(cfg: ScenarioConfig) -> Path:
     b: LLMBackendConfig = cfg.backend
     if cfg.train.optimizer != "adam":
         raise ConfigError(f"train.optimizer: the LLM learner uses AdamW ('adam'), got {cfg.train.optimizer!r}")
-    if b.model == "tiny-random":
-        base = tiny_random_model(b.model_cache, cfg.seed, b.tiny_tokenizer, b.tiny_init_std)
-    else:
-        base = check_model_dir(b.model)
-    if b.init is not None:
-        from rtpo.llm.init import resolve_init
-
-        base = resolve_init(b.init, base, Path(b.model_cache))
+    base = _init_folder(cfg) or _base_folder(cfg)
     if b.lora.enabled:  # target modules the model lacks: refused before an engine or learner is built
         from rtpo.llm.lora import check_targets
 
@@ -469,6 +462,7 @@ def learner_config(cfg: ScenarioConfig) -> Any:
         grad_clip=b.grad_clip,
         temperature=b.temperature,
         micro_batch_tokens=b.micro_batch_tokens,
+        packing=b.packing,
         kl_reference=kl > 0,
         param_dtype=b.param_dtype,
         mixed_precision=b.mixed_precision,
@@ -571,6 +565,32 @@ def build_role(cfg: ScenarioConfig, role: str, run_tool: Any = None) -> RunConte
     raise ValueError(f"build_role: unknown role {role!r} (rollout, trainer or driver)")
 
 
+def _base_folder(cfg: ScenarioConfig) -> Path:
+    b = cfg.backend
+    if b.model == "tiny-random":
+        return tiny_random_model(b.model_cache, cfg.seed, b.tiny_tokenizer, b.tiny_init_std)
+    return check_model_dir(b.model)
+
+
+def _init_folder(cfg: ScenarioConfig) -> Path | None:
+    """The model folder backend.init resolves to (exported once from a run folder), or None."""
+    if cfg.backend.init is None:
+        return None
+    from rtpo.llm.init import resolve_init
+
+    return resolve_init(cfg.backend.init, _base_folder(cfg), Path(cfg.backend.model_cache))
+
+
+def _inputs(cfg: ScenarioConfig) -> dict[str, str]:
+    """BackendSpec.inputs: the content digest of backend.init's weights (rtpo.llm.init.content_digest)."""
+    folder = _init_folder(cfg)
+    if folder is None:
+        return {}
+    from rtpo.llm.init import content_digest
+
+    return {"backend.init": content_digest(folder)}
+
+
 def build(cfg: ScenarioConfig) -> BuiltBackend:
     from rtpo.llm.engines import SamplingConfig
 
@@ -654,5 +674,6 @@ register_backend(
         task_schemas=task_schemas,
         memory=memory_estimate,
         export=export,
+        inputs=_inputs,
     ),
 )

@@ -145,6 +145,74 @@ def policy_value(world: World, tree: Tree, pi: np.ndarray, malformed_reward: flo
     return float(tree.root_weight @ v_next)
 
 
+def node_values(
+    world: World, tree: Tree, pi: np.ndarray, malformed_reward: float = 0.0
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per level k: Q(node, a) (n_k, A) and V(node) (n_k,) of the policy pi, by the backward induction of
+    policy_value (the module docstring's recursion, kept per node)."""
+    K, A = world.num_turns, world.num_actions
+    pi = np.asarray(pi, dtype=np.float64)
+    qs: list[np.ndarray] = [np.empty(0)] * K
+    vs: list[np.ndarray] = [np.empty(0)] * K
+    v_next = None
+    for k in range(K - 1, -1, -1):
+        s = tree.s[k]
+        q = world.reward[k][s].astype(np.float64).copy()
+        if k < K - 1:
+            en, ea, ec, ep = tree.edges[k]
+            cont = np.zeros((s.size, A))
+            np.add.at(cont, (en, ea), ep * v_next[ec])
+            q += (world.gamma ** world.tau[k][s].astype(np.float64)) * cont
+        p = pi[tree.ctx[k]]
+        qs[k] = q
+        vs[k] = v_next = (p * q).sum(axis=1) + (1.0 - p.sum(axis=1)) * malformed_reward
+    return qs, vs
+
+
+def reach_probabilities(world: World, tree: Tree, pi: np.ndarray) -> list[np.ndarray]:
+    """Per level k: the probability d_k(node) that an episode of pi reaches the node (the initial
+    distribution times the policy's and the MDP's probabilities along its path; discounting is in Q)."""
+    pi = np.asarray(pi, dtype=np.float64)
+    d = [np.asarray(tree.root_weight, np.float64)]
+    for k in range(world.num_turns - 1):
+        en, ea, ec, ep = tree.edges[k]
+        p = pi[tree.ctx[k]]
+        nxt = np.zeros(tree.s[k + 1].size)
+        np.add.at(nxt, ec, d[k][en] * p[en, ea] * ep)
+        d.append(nxt)
+    return d
+
+
+def policy_gradient_weights(world: World, tree: Tree, pi: np.ndarray, malformed_reward: float = 0.0) -> np.ndarray:
+    """∂V^π/∂π(a | c) for every context c and action a, exactly: (num contexts, A).
+
+    V^π is multilinear in the table π(· | c) (the module docstring's recursion, with the malformed mass
+    m(c) = 1 − Σ_a π(a | c) paying r_mal), so by the policy gradient theorem (Sutton et al. 2000, Thm 1,
+    in its finite-horizon form)
+
+        ∂V^π / ∂π(a | c) = Σ_{nodes n with context c} d(n) · γ^{t(n)} · (Q(n, a) − r_mal),
+
+    with d(n) the reach probability (reach_probabilities) and Q(n, a) the action value (node_values); the
+    discount up to n is already in Q of its ancestors, so for γ = 1 (every shipped world) γ^{t(n)} = 1 and
+    for γ < 1 it is applied here from the τ of the path.  A context shared by several nodes (a map that
+    forgets history) sums their terms, since one π(· | c) acts at all of them.  Ascending Σ_c Σ_a w·π(a|c)
+    with w held fixed is exact gradient ascent on V^π for any parametrisation of π (a model's teacher-forced
+    action probabilities): the yardstick of bench/bench_exact_gradient.py."""
+    pi = np.asarray(pi, dtype=np.float64)
+    qs, _ = node_values(world, tree, pi, malformed_reward)
+    d = reach_probabilities(world, tree, pi)
+    disc = [np.ones(tree.s[0].size)]
+    for k in range(world.num_turns - 1):
+        en, ea, ec, _ = tree.edges[k]
+        nxt = np.ones(tree.s[k + 1].size)
+        nxt[ec] = disc[k][en] * world.gamma ** world.tau[k][tree.s[k][en], ea].astype(np.float64)
+        disc.append(nxt)
+    w = np.zeros((len(tree.contexts), world.num_actions))
+    for k in range(world.num_turns):
+        np.add.at(w, tree.ctx[k], (d[k] * disc[k])[:, None] * (qs[k] - malformed_reward))
+    return w
+
+
 def sampling_logprobs(logits: Any, targets: Any, temperature: float, top_p: float) -> Any:
     """log p_{T, top-p}(target) per position (torch tensors (..., V) and (...)); -inf outside the nucleus."""
     import torch
@@ -235,7 +303,16 @@ class ExactEvaluator:
             self.model.train(was_training)
         return out
 
+    def logprob_tensor(self, contexts: Sequence[np.ndarray]) -> Any:
+        """(len(contexts), A) log π(a | c) as one torch tensor with its autograd graph (one forward pass over
+        every pair: for gradient ascent on small worlds, bench/bench_exact_gradient.py)."""
+        r_max = max(x.size for x in self.actions)
+        return self._score_tensor(list(contexts), r_max)
+
     def _score(self, ctxs: list[np.ndarray], x_len: np.ndarray, r_max: int) -> np.ndarray:
+        return self._score_tensor(ctxs, r_max).double().numpy()
+
+    def _score_tensor(self, ctxs: list[np.ndarray], r_max: int) -> Any:
         """Left-padded rows c ⊕ x_a, each action's tokens at the last positions (its tail padded after)."""
         import torch
 
@@ -263,7 +340,7 @@ class ExactEvaluator:
         pred = logits[:, width - r_max - 1 : width - 1]
         lp = sampling_logprobs(pred, torch.as_tensor(tgt), self.temperature, self.top_p)
         lp = torch.where(torch.as_tensor(mask), lp, 0.0)
-        return lp.sum(-1).double().numpy().reshape(n, A)
+        return lp.sum(-1).reshape(n, A)
 
     def __call__(self) -> dict[str, float]:
         """eval/value (exact), eval/v_star, eval/value_ratio, eval/malformed_mass (the policy's probability
@@ -291,4 +368,14 @@ class ExactEvaluator:
         }
 
 
-__all__ = ["ExactEvaluator", "ExactLimitError", "Tree", "count_nodes", "enumerate_tree", "policy_value"]
+__all__ = [
+    "ExactEvaluator",
+    "ExactLimitError",
+    "Tree",
+    "count_nodes",
+    "enumerate_tree",
+    "node_values",
+    "policy_gradient_weights",
+    "policy_value",
+    "reach_probabilities",
+]

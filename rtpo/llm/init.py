@@ -7,6 +7,10 @@ A run folder's latest checkpoint is exported once (as `rtpo export` does) into
 checkpoint of the same run gives a new folder and a repeated start reuses the old one.  The folder found
 becomes the run's model folder for the engine, the learner and the KL reference alike (the reference is
 the warm start, not the random model).  Its architecture and tokenizer must be `backend.model`'s.
+
+`content_digest` of the folder a run starts from is recorded in the run's provenance
+(BuiltBackend.inputs), and `rtpo run --resume` refuses a run whose init changed since it started (a
+run folder that trained on, an HF folder overwritten): the resumed run would not be the one begun.
 """
 
 from __future__ import annotations
@@ -83,3 +87,18 @@ def resolve_init(init: str, base: Path, cache: Path) -> Path:
         publish_model_dir(tmp, out)
     _check_same(out, base)
     return out
+
+
+def content_digest(folder: Path) -> str:
+    """sha256 of a model folder's files (names and bytes, in name order), its rtpo_export.json manifest
+    left out: that names where the weights came from, not what they are."""
+    from rtpo.llm.hf_folder import MANIFEST
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name != MANIFEST):
+        h.update(str(f.relative_to(folder)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()

@@ -320,6 +320,13 @@ def _run_scenario(cfg, out_root, resume, progress, overrides, iteration, verbose
 
         check_fits(cfg)
     with library_logs(verbose) as libs:  # vLLM/Ray/transformers lines go to RUN/logs/, not the console
+        spec = get_backend(cfg.backend.kind)
+        inputs = spec.inputs(cfg) if spec.inputs is not None else {}  # content digests, e.g. backend.init's
+        if resume is not None:  # the weights it started from must be the ones it resumes from
+            try:
+                provenance.check_inputs(run_dir, inputs)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         built = build_backend(cfg)
         if cfg.backend.distributed != "none":
             from rtpo.distributed import distribute  # Ray is imported only by runs that ask for it
@@ -336,7 +343,7 @@ def _run_scenario(cfg, out_root, resume, progress, overrides, iteration, verbose
             elif config_changed:
                 atomic_write_text(run_dir / CONFIG, cfg.to_yaml())
             libs.attach(run_dir)
-            provenance.record(run_dir, resumed=resume is not None, source=source)
+            provenance.record(run_dir, resumed=resume is not None, source=source, inputs=inputs)
             try:
                 return _run_loop(cfg, built, run_dir, state, progress)
             except OSError as e:

@@ -93,7 +93,10 @@ class BackendSpec:
     tool_factory:  optional (ScenarioConfig) -> a picklable factory of one tool callable per Ray tool worker
                    (resources.tool_workers), or None when the scenario makes no tool calls that can run
                    there; build_role(cfg, "rollout", run_tool=...) then routes the rollout workers' calls
-                   to those workers (rtpo.distributed.distribute)."""
+                   to those workers (rtpo.distributed.distribute).
+    inputs:        optional (ScenarioConfig) -> {key: content digest} of what a run reads besides its config
+                   (llm: backend.init's weights), recorded in RUN/provenance.json; `rtpo run --resume`
+                   refuses, before building anything, a run whose digests changed since it started."""
 
     config: type
     parse_task: Callable[[Any], Any]
@@ -105,6 +108,7 @@ class BackendSpec:
     diagnostic: Callable[[ScenarioConfig], list[str]] | None = None
     export: Callable[[ScenarioConfig, dict, Any, dict | None], Any] | None = None
     tool_factory: Callable[[ScenarioConfig], Any] | None = None
+    inputs: Callable[[ScenarioConfig], dict[str, str]] | None = None
 
 
 BACKENDS: Registry[BackendSpec] = Registry("backend")

@@ -171,3 +171,30 @@ def test_bad_demonstrations_file_exits_2_with_one_line(setup, tmp_path, capsys):
     assert cli.main(["run", str(SCENARIO), *extra, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bad.jsonl:2: messages[0].role" in err[0], err
+
+
+def test_resume_refuses_an_init_that_changed(setup, tmp_path, capsys):
+    """backend.init's content digest is recorded in provenance; a resume with the same init continues, one
+    whose init folder changed since the start (re-exported from another SFT iteration) exits 2 with one
+    line.  Mutant: not calling provenance.check_inputs on resume turns the last assertion red."""
+    import shutil
+
+    from rtpo.llm.init import content_digest
+    from rtpo.rundir import provenance
+
+    hf = tmp_path / "init"
+    assert cli.main(["export", str(setup["full"]), str(hf), "--iter", "4"]) == 0
+    rl = [*SMALL, f"backend.model_cache={setup['models']}", f"backend.init={hf}", "budget.iterations=1"]
+    assert cli.main(["run", str(RL), *rl, "--out", str(tmp_path / "rl"), "--no-progress"]) == 0
+    run = _only_run(tmp_path / "rl")
+    (first,) = provenance.read(run)
+    assert first["inputs"] == {"backend.init": content_digest(hf)}, "the init's content digest is recorded"
+    resume = ["run", "--resume", str(run), "--no-progress"]
+    assert cli.main([*resume, "budget.iterations=2"]) == 0, "the same init: the resume continues"
+    shutil.rmtree(hf)
+    assert cli.main(["export", str(setup["full"]), str(hf), "--iter", "2"]) == 0  # other weights, same path
+    capsys.readouterr()
+    assert cli.main([*resume, "budget.iterations=3"]) == 2, "a changed init must be refused"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "backend.init changed since the run started" in err[0], err
+    assert len(checkpoint.read_metrics(run)) == 2 * 3, "nothing ran after the refusal (2 iterations of K = 3 phases)"

@@ -8,7 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rtpo.llm.exact import ExactEvaluator, ExactLimitError, count_nodes, enumerate_tree, policy_value
+from rtpo.llm.exact import (
+    ExactEvaluator,
+    ExactLimitError,
+    count_nodes,
+    enumerate_tree,
+    policy_gradient_weights,
+    policy_value,
+)
 from rtpo.llm.worlds import World, WorldEnv
 from rtpo.tabular.generators import random_mdp, tool_chain
 from rtpo.tabular.solve import evaluate, solve
@@ -47,6 +54,60 @@ def test_backward_induction_is_the_tabular_value_of_the_same_policy(chat_tok):
     want = evaluate(mdp, table).value
     assert policy_value(env.world, tree, pi) == pytest.approx(want, rel=1e-12)
     assert policy_value(env.world, tree, np.zeros_like(pi), malformed_reward=0.25) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("context_map", ["think_strip", "last_turns"])
+def test_policy_gradient_weights_are_the_value_s_exact_derivatives(chat_tok, context_map):
+    """∂V/∂π(a|c) from policy_gradient_weights equals a central finite difference of policy_value in every
+    context and action: early ends, γ < 1 with τ > 1, malformed mass paying r_mal ≠ 0, and (last_turns)
+    contexts shared by several nodes.  Mutants: dropping the path discount, or the − r_mal, turns it red."""
+    mdp = random_mdp(3, num_turns=4, num_states=2, num_actions=3, end_prob=0.3, max_tau=3, gamma=0.8)
+    env = WorldEnv(_world(mdp), chat_tok, context_map=context_map)  # last_turns keeps 2: turn 3 forgets turn 0
+    tree = enumerate_tree(env)
+    if context_map == "last_turns":
+        assert len(tree.contexts) < tree.num_nodes, "the test needs contexts shared by several nodes"
+    rng = np.random.default_rng(1)
+    pi = rng.dirichlet(np.ones(4), size=len(tree.contexts))[:, :3]  # a quarter of malformed mass on average
+    r_mal = 0.3
+    w = policy_gradient_weights(env.world, tree, pi, r_mal)
+    eps = 1e-6
+    fd = np.empty_like(pi)
+    for c in range(pi.shape[0]):
+        for a in range(pi.shape[1]):
+            up, dn = pi.copy(), pi.copy()
+            up[c, a] += eps
+            dn[c, a] -= eps
+            fd[c, a] = (policy_value(env.world, tree, up, r_mal) - policy_value(env.world, tree, dn, r_mal)) / (2 * eps)
+    np.testing.assert_allclose(w, fd, rtol=1e-6, atol=1e-9, err_msg="the weights are not the value's derivatives")
+
+
+def test_exact_gradient_ascent_through_the_model_raises_the_value(chat_model_dir, chat_tok):
+    """Ascending Σ w·π(a|c) (w fixed) through the model's teacher-forced probabilities raises the exact
+    value: logprob_tensor carries the autograd graph and its numbers are action_logprobs'."""
+    import torch
+
+    from rtpo.llm.model import load_hf_model
+
+    mdp = tool_chain(num_turns=2, num_actions=2, seed=0)
+    env = WorldEnv(_world(mdp), chat_tok)
+    model = load_hf_model(chat_model_dir)
+    ev = ExactEvaluator(env, model, temperature=1.0)
+    lp = ev.logprob_tensor(ev.tree.contexts)
+    np.testing.assert_allclose(lp.detach().double().numpy(), ev.action_logprobs(), rtol=1e-5)
+    before = ev()["eval/value"]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        lp = ev.logprob_tensor(ev.tree.contexts)
+        w = policy_gradient_weights(env.world, ev.tree, lp.detach().double().exp().numpy())
+        # Σ w·π scaled by the positive constant e^{-max log π}/max|w| (the same direction): this random
+        # model's probabilities (~1e-35) and weights (~1e-33) underflow float32 and Adam's ε unscaled
+        w = torch.as_tensor(w / np.abs(w).max(), dtype=lp.dtype)
+        loss = -(w * (lp - lp.detach().max()).exp()).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = ev()["eval/value"]
+    assert after > before, f"three exact-gradient steps should raise the value: {before} -> {after}"
 
 
 def _hand_probability(model, context, action, temperature):
