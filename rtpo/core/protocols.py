@@ -105,6 +105,15 @@ class EpisodeRunner(Protocol):
 
 
 @runtime_checkable
+class ReferenceLogprobs(Protocol):
+    """A Learner that also evaluates its KL reference policy (the initial weights): what a KL penalty in the
+    reward reads (rtpo.core.kl_reward)."""
+
+    def ref_logprobs(self, batch: TurnBatch) -> Ragged:
+        """log π_ref(a_t | context, a_<t) for every response token, aligned with batch.tokens."""
+
+
+@runtime_checkable
 class ReportsMetrics(Protocol):
     """A context or environment that keeps its own counters (timings, tool calls) and hands them over once."""
 

@@ -457,6 +457,13 @@ class Rollouts(Sequence):
             }
         )
 
+    def with_reward(self, reward: np.ndarray) -> Rollouts:
+        """The same rows and episodes with reward replaced ((N,) per turn; e.g. a KL-shaped reward)."""
+        reward = _frozen(np.array(reward, dtype=np.float64))
+        if reward.shape != self.reward.shape:
+            raise ValueError(f"Rollouts.with_reward needs shape {self.reward.shape}, got {reward.shape}")
+        return _rebuild_rollouts({**{name: getattr(self, name) for name in self.__slots__}, "reward": reward})
+
     def episode_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """(episode index, row index) of every row of every episode, episode by episode in turn order."""
         ep = np.repeat(np.arange(len(self)), self.num_rows)

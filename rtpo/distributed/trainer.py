@@ -179,6 +179,10 @@ class RayLearner:
     def logprobs(self, batch: TurnBatch) -> Ragged:
         return self._all("logprobs", batch)[0]
 
+    def ref_logprobs(self, batch: TurnBatch) -> Ragged:
+        """The reference policy's log-probs (rtpo.core.protocols.ReferenceLogprobs), from the trainer ranks."""
+        return self._all("ref_logprobs", batch)[0]
+
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
         return self._all("train_step", batch, loss)[0]
 

@@ -462,6 +462,7 @@ def learner_config(cfg: ScenarioConfig) -> Any:
         grad_clip=b.grad_clip,
         temperature=b.temperature,
         micro_batch_tokens=b.micro_batch_tokens,
+        packing=b.packing,
         kl_reference=kl > 0,
         param_dtype=b.param_dtype,
         mixed_precision=b.mixed_precision,

@@ -68,6 +68,13 @@ class LearnerConfig:
                         weights it already holds (RTPO's first phase syncs the θ its trunks ran under).
     attn_implementation: transformers' attention kernel: "sdpa" (torch's fused scaled-dot-product
                         attention: flash / memory-efficient kernels on GPUs) or "eager" (the reference).
+    packing:            padding-free forward passes: a micro-batch's rows laid end to end in one sequence
+                        with position ids restarting per row (transformers' packed-sequence path: a
+                        block-diagonal causal mask), instead of left-padded to the longest row; the
+                        log-probs are the same.  micro_batch_tokens then bounds the tensor exactly.  Off by
+                        default: with torch's SDPA (no variable-length kernel) the packed row's attention is
+                        one masked (T × T) product over the T tokens of the micro-batch, which on CPU costs
+                        more than the padding it saves (bench/packing.json).
     compile_layers:     torch.compile each decoder layer in place (before FSDP wraps it; the parameter
                         names and state dicts are unchanged): fuses the eager model's norms, rotary and
                         activations.  Off by default: each new batch shape compiles again (GPUs).
@@ -98,6 +105,7 @@ class LearnerConfig:
     peak_flops: float | None = None
     compile_layers: bool = False
     lora: LoRASpec | None = None
+    packing: bool = False
 
     def __post_init__(self) -> None:
         if self.attn_implementation not in ("sdpa", "eager"):
@@ -162,6 +170,20 @@ def plan_micro_batches(batch: TurnBatch, world_size: int, micro_batch_tokens: in
     for m in plan:
         m.extend([np.zeros(0, dtype=np.int64)] * (depth - len(m)))
     return plan
+
+
+def forward_tokens(batch: TurnBatch, plan: list[list[np.ndarray]], packing: bool) -> tuple[int, int]:
+    """(real, computed): the context + response tokens of a plan's micro-batches, and the positions
+    their forward passes compute — padded: each micro-batch's rows × its longest row; packed: the real
+    tokens.  Padding share = 1 − real / computed (rows of a dummy pass are not counted)."""
+    lengths = batch.contexts.lengths + batch.tokens.lengths
+    real = computed = 0
+    for micro in plan:
+        for rows in micro:
+            if rows.size:
+                real += int(lengths[rows].sum())
+                computed += int(lengths[rows].sum()) if packing else int(rows.size * lengths[rows].max())
+    return real, computed
 
 
 def _detached(tree: Any, _memo: dict | None = None) -> Any:
@@ -400,18 +422,37 @@ class FSDPLearner:
         self, model: torch.nn.Module, batch: TurnBatch, rows: np.ndarray, reference: bool = False
     ) -> torch.Tensor:
         """(N_rows_tokens,) log softmax(logits / T) of the response tokens of `rows`, in row order
-        (reference: the KL reference's, whose entropies are not kept).
-
-        Rows are left-padded so every response ends at the last position; only the last R_max + 1
-        positions' logits are computed (logits_to_keep), which keeps the vocab-sized tensor small.
-        """
+        (reference: the KL reference's, whose entropies are not kept), from one forward pass over the
+        rows left-padded to a rectangle (_padded_logits) or packed end to end (_packed_logits,
+        LearnerConfig.packing); both give the same log-probs."""
         if rows.size == 0:  # dummy pass: same collectives as a real one, zero contribution
             ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
             return model(input_ids=ids, use_cache=False).logits.sum()[None] * 0.0
         ctx = batch.contexts.take(rows)
         rsp = batch.tokens.take(rows)
+        if self.cfg.packing:
+            logits, target, keep = self._packed_logits(model, ctx, rsp)
+        else:
+            logits, target, keep = self._padded_logits(model, ctx, rsp)
+        logits = logits.float() / self.cfg.temperature
+        log_p = torch.log_softmax(logits, dim=-1)
+        lp = log_p.gather(-1, target[..., None]).squeeze(-1)
+        if not reference:  # the KL reference's entropy is not a metric: not computed
+            if self._entropy_grad and torch.is_grad_enabled():  # an entropy bonus in the loss: differentiable
+                self._entropy = -(log_p.exp() * log_p).sum(-1)[keep]
+            else:
+                self._entropy = _entropy(log_p)[keep]
+        return lp[keep]  # row-major: each row's response tokens in order
+
+    def _padded_logits(
+        self, model: torch.nn.Module, ctx: Ragged, rsp: Ragged
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(b, r_max, V) logits, (b, r_max) targets and the (b, r_max) mask of real response tokens.
+
+        Rows are left-padded so every response ends at the last position; only the last r_max + 1
+        positions' logits are computed (logits_to_keep), which keeps the vocab-sized tensor small."""
         seq = Ragged.concat([ctx, rsp])  # rows 0..B-1 contexts, B..2B-1 responses
-        b = rows.size
+        b = len(ctx)
         lengths = ctx.lengths + rsp.lengths
         width = int(lengths.max())
         ids = np.full((b, width), self.pad_id, dtype=np.int64)
@@ -431,17 +472,40 @@ class FSDPLearner:
             logits_to_keep=r_max + 1,
             use_cache=False,  # a training pass: no KV cache (its copies cost ~3% of an H200 step, bench/gpu_check.json)
         ).logits[:, :-1]  # (b, r_max, V): predicts the last r_max
-        logits = logits.float() / self.cfg.temperature
         target = torch.as_tensor(ids[:, width - r_max :], device=self.device)
-        log_p = torch.log_softmax(logits, dim=-1)
-        lp = log_p.gather(-1, target[..., None]).squeeze(-1)  # (b, r_max)
         keep = torch.as_tensor(np.arange(r_max)[None, :] >= (r_max - rsp.lengths)[:, None], device=self.device)
-        if not reference:  # the KL reference's entropy is not a metric: not computed
-            if self._entropy_grad and torch.is_grad_enabled():  # an entropy bonus in the loss: differentiable
-                self._entropy = -(log_p.exp() * log_p).sum(-1)[keep]
-            else:
-                self._entropy = _entropy(log_p)[keep]
-        return lp[keep]  # row-major: each row's response tokens in order
+        return logits, target, keep
+
+    def _packed_logits(
+        self, model: torch.nn.Module, ctx: Ragged, rsp: Ragged
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(1, R, V) logits, (1, R) targets and an all-true mask, R = the rows' response tokens: the rows
+        laid end to end in one sequence of Σ (c_i + r_i) tokens, no padding (LearnerConfig.packing).
+
+        The position ids restart at 0 with each row, and no attention mask is passed: transformers then
+        reads the restarts as sequence boundaries (masking_utils.find_packed_sequence_indices) and builds a
+        block-diagonal causal mask, so a row attends to itself alone, at the positions (rotary phases) it
+        has on its own.  Logits are computed only at the positions that predict a response token
+        (logits_to_keep as indices): row i's token t is predicted at start_i + c_i − 1 + t."""
+        lengths = ctx.lengths + rsp.lengths
+        ids = np.empty(int(lengths.sum()), dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        for i in range(len(ctx)):
+            c = int(ctx.lengths[i])
+            ids[starts[i] : starts[i] + c] = ctx[i]
+            ids[starts[i] + c : starts[i] + lengths[i]] = rsp[i]
+        position = np.arange(ids.size, dtype=np.int64) - np.repeat(starts, lengths)
+        row_of = np.repeat(np.arange(len(ctx)), rsp.lengths)
+        t = np.arange(rsp.values.size, dtype=np.int64) - np.repeat(rsp.offsets[:-1], rsp.lengths)
+        predict_at = starts[row_of] + ctx.lengths[row_of] - 1 + t
+        logits = model(
+            input_ids=torch.as_tensor(ids[None], device=self.device),
+            position_ids=torch.as_tensor(position[None], device=self.device),
+            logits_to_keep=torch.as_tensor(predict_at, device=self.device),
+            use_cache=False,
+        ).logits  # (1, R, V)
+        target = torch.tensor(rsp.values[None], dtype=torch.long, device=self.device)  # a copy: rsp is read-only
+        return logits, target, torch.ones_like(target, dtype=torch.bool)
 
     # -- Learner protocol ------------------------------------------------------------------------
     def logprobs(self, batch: TurnBatch) -> Ragged:
@@ -473,7 +537,10 @@ class FSDPLearner:
                     self._fwd_cache = (self._version, batch, lp, self._entropy)
                 if rows.size:
                     mine.append((rows, lp.detach().double().cpu().numpy()))
-        parts = self._gather(mine)
+        return self._assemble(batch, self._gather(mine))
+
+    def _assemble(self, batch: TurnBatch, parts: list) -> Ragged | None:
+        """Rank 0: every rank's (rows, token log-probs) pieces, in the batch's token order."""
         if self.rank != 0:
             return None
         out = np.zeros(batch.num_tokens, dtype=np.float64)
@@ -482,6 +549,27 @@ class FSDPLearner:
             pos = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in rows])
             out[pos] = lp
         return Ragged(out, offsets)
+
+    def ref_logprobs(self, batch: TurnBatch) -> Ragged:
+        """The KL reference's teacher-forced log-probs of the response tokens (ReferenceLogprobs: a KL
+        penalty in the reward, rtpo.core.kl_reward); needs kl_reference (or LoRA)."""
+        self._check(batch)
+        if self.ref_model is None and self.peft is None:
+            raise ValueError("ref_logprobs needs a reference model: build the learner with kl_reference=True")
+        t0 = time.perf_counter()
+        try:
+            return self._call("ref_logprobs", batch)
+        finally:
+            self._times["time/logprobs_s"] += time.perf_counter() - t0
+
+    def _do_ref_logprobs(self, batch: TurnBatch) -> Ragged | None:
+        plan = plan_micro_batches(batch, self.world_size, self.cfg.micro_batch_tokens)
+        mine = []
+        for rows in plan[self.rank]:  # an empty one is a dummy pass, in step with the other ranks' collectives
+            lp = self._reference_logp(batch, rows)
+            if rows.size:
+                mine.append((rows, lp.double().cpu().numpy()))
+        return self._assemble(batch, self._gather(mine))
 
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
         self._check(batch)

@@ -51,6 +51,12 @@ class LLMBackendConfig(BackendConfig):
     world_size: int = Field(1, ge=1, description="FSDP2 learner ranks (processes)")
     threads_per_rank: int | None = Field(None, ge=1, description="torch threads per learner rank (CPU)")
     micro_batch_tokens: int = Field(16384, ge=1, description="tokens per learner forward pass per rank")
+    packing: bool = Field(
+        False,
+        description="padding-free learner passes: a micro-batch's rows packed into one sequence with per-row "
+        "position ids (block-diagonal causal mask), same log-probs; off by default: slower on CPU, where SDPA "
+        "has no variable-length kernel and attends over the whole packed row (bench/packing.json)",
+    )
     grad_clip: float | None = Field(1.0, gt=0, description="max global grad norm (null = off)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (E.3: 0.01)")
     param_dtype: Literal["float32", "bfloat16"] = Field("float32", description="learner weight dtype")

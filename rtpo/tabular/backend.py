@@ -371,6 +371,11 @@ class TabularLearner:
                 lp = self._token_logp(batch).numpy()
         return Ragged(lp, batch.tokens.offsets)
 
+    def ref_logprobs(self, batch: TurnBatch) -> Ragged:
+        """log π_ref of each row's action under the reference (initial) parameters (ReferenceLogprobs)."""
+        with torch.no_grad():
+            return Ragged(self._token_logp(batch, self.ref_params).numpy(), batch.tokens.offsets)
+
     def train_step(self, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
         # epochs over one minibatch hand the same (immutable) batch again: its token view is reused
         if self._flat is None or self._flat[0] is not batch:

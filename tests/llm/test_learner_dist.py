@@ -45,10 +45,14 @@ def _driver(model_dir, cfg: LearnerConfig, out_path: str) -> None:
 
 
 @pytest.mark.slow  # two FSDP processes: 18 s
-def test_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path, packing):
+    """packed: the two ranks run padding-free passes (LearnerConfig.packing) and still equal one padded
+    process (mutant: position ids not restarted per packed row turns it red)."""
     cfg = LearnerConfig(**{**CFG.__dict__, "kl_reference": True, "micro_batch_tokens": 24})
     out_path = str(tmp_path / "two_ranks.pt")
-    proc = mp.get_context("spawn").Process(target=_driver, args=(str(tiny_model_dir), cfg, out_path))
+    two_cfg = LearnerConfig(**{**cfg.__dict__, "packing": packing})
+    proc = mp.get_context("spawn").Process(target=_driver, args=(str(tiny_model_dir), two_cfg, out_path))
     proc.start()
     proc.join(timeout=600)
     assert proc.exitcode == 0, f"two-rank driver exited with {proc.exitcode}"

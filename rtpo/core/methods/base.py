@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rtpo.core.budget import Budget
+from rtpo.core.kl_reward import penalise_rewards
 from rtpo.core.loss import AdaptiveKL, Aggregation, LossConfig, RatioLevel
 from rtpo.core.protocols import Environment, Learner, Sampler
 from rtpo.core.registry import Registry
@@ -27,6 +28,7 @@ from rtpo.core.train import ppo_update
 from rtpo.core.types import TurnBatch
 
 _KL_KEY = "adaptive_kl_coef"  # checkpoint_state's key for the adaptive β
+KL_PLACEMENTS = ("loss", "reward")
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,15 @@ class UpdateConfig:
     epochs:         PPO epochs E per phase (Algorithm 1 step 2.4).
     minibatch_size: sequences per optimiser step; None = the whole phase batch in one step.
     clip_eps:       ε of Eq. 6; clip_eps_high: optional asymmetric upper clip.
-    kl_coef:        β of the KL penalty to the reference (initial) policy in the loss (E.3: 0.02); 0 = off.
+    kl_coef:        β of the KL penalty to the reference (initial) policy (E.3: 0.02); 0 = off.
+    kl_placement:   where that penalty goes: "loss" (β · token-mean KL added to the loss, E.3) or "reward"
+                    (β · Σ_t KL of a turn's tokens subtracted from the turn's reward before returns and
+                    advantages, as verl's use_kl_in_reward: rtpo.core.kl_reward).
     log_ratio_clip: |log ρ| clamp before exp (E.3: 10).
     kl_estimator:   per-token KL estimate (rtpo.core.loss.kl_term): k1 | k2 | k3 (E.3) | low_var_kl.
     kl_target:      adaptive KL controller (rtpo.core.loss.AdaptiveKL): after every update β is scaled by
                     1 + clip(KL/kl_target − 1, ±0.2)·n/kl_horizon (n = the update's rows), starting from
-                    kl_coef; None = a fixed β.
+                    kl_coef; None = a fixed β.  kl_placement "loss" only.
     kl_horizon:     the controller's horizon, in rows (samples).
     entropy_coef:   c of the entropy bonus −c·H in the loss (token mean at the response tokens); 0 = off.
     loss_aggregation: token aggregation of the policy loss for any method (rtpo.core.loss.aggregate):
@@ -57,6 +62,7 @@ class UpdateConfig:
     kl_coef: float = 0.0
     log_ratio_clip: float | None = 10.0
     kl_estimator: str = "k3"
+    kl_placement: str = "loss"
     kl_target: float | None = None
     kl_horizon: int = 10000
     entropy_coef: float = 0.0
@@ -72,7 +78,16 @@ class UpdateConfig:
             raise ValueError("kl_target needs kl_target > 0 and a starting kl_coef > 0")
         if self.kl_horizon < 1:
             raise ValueError("kl_horizon must be >= 1")
+        if self.kl_placement not in KL_PLACEMENTS:
+            raise ValueError(f"unknown kl_placement {self.kl_placement!r} (valid: {', '.join(KL_PLACEMENTS)})")
+        if self.kl_placement == "reward" and self.kl_target is not None:
+            raise ValueError("kl_target (the adaptive controller) works with kl_placement 'loss' only")
         self.loss_config()  # clip and ratio settings are checked where the loss defines them
+
+    @property
+    def loss_kl_coef(self) -> float:
+        """β of the loss's KL term: kl_coef, or 0 when the penalty is in the reward."""
+        return self.kl_coef if self.kl_placement == "loss" else 0.0
 
     def loss_config(self, ratio: RatioLevel = "token", aggregation: Aggregation = "seq-mean-token-mean") -> LossConfig:
         return LossConfig(
@@ -81,7 +96,7 @@ class UpdateConfig:
             ratio=ratio,
             aggregation=self.loss_aggregation or aggregation,
             log_ratio_clip=self.log_ratio_clip,
-            kl_coef=self.kl_coef,
+            kl_coef=self.loss_kl_coef,
             kl_estimator=self.kl_estimator,
             entropy_coef=self.entropy_coef,
             norm_length=self.norm_length,
@@ -149,13 +164,16 @@ class Method(ABC):
     ) -> RolloutResult:
         """rtpo.core.rollout from fresh episodes of these queries (snapshots None) or from these boundary
         snapshots, n responses per episode at the first step; the rollouts, turns and tokens it generates
-        are charged to ctx.budget."""
+        are charged to ctx.budget.  With kl_placement "reward" the turns' rewards come back KL-penalised
+        (rtpo.core.kl_reward), so every method's returns and advantages read the penalised reward."""
         q = np.asarray(query_ids, dtype=np.int64)
         episodes = ctx.env.reset(q, ctx.rng) if snapshots is None else ctx.env.restore(snapshots)
         res = rollout(ctx.env, ctx.sampler, episodes, q, ctx.rng, n=n, record_boundaries=record_boundaries)
         if not ctx.columnar and res.columns is not None:
             res = res.per_episode()
         ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
+        if getattr(self.cfg, "kl_placement", "loss") == "reward" and self.cfg.kl_coef > 0:
+            res = penalise_rewards(res, ctx.learner, self.cfg.kl_coef, self.cfg.kl_estimator)
         return res
 
     def kl_controller(self) -> AdaptiveKL | None:

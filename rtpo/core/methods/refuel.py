@@ -59,7 +59,7 @@ class REFUELConfig(UpdateConfig):
         return LossConfig(
             clip_eps=self.clip_eps,
             log_ratio_clip=self.log_ratio_clip,
-            kl_coef=self.kl_coef,
+            kl_coef=self.loss_kl_coef,
             kl_estimator=self.kl_estimator,
             entropy_coef=self.entropy_coef,
             objective="pair_regression",
