@@ -34,17 +34,10 @@ def ascend(cfg, model_dir: Path, lr: float, steps: int, every: int, seed: int) -
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.exact import ExactEvaluator, policy_gradient_weights, policy_value
     from rtpo.llm.model import load_hf_model
-    from rtpo.llm.worlds import WorldEnv, build_world
+    from rtpo.llm.worlds import world_env
 
     task = cfg.task
-    env = WorldEnv(
-        build_world(task),
-        load_qwen3_tokenizer(str(model_dir)),
-        context_map=task.context_map,
-        system=task.system,
-        enable_thinking=task.enable_thinking,
-        malformed_reward=task.malformed_reward,
-    )
+    env = world_env(task, load_qwen3_tokenizer(str(model_dir)))
     torch.manual_seed(seed)
     model = load_hf_model(model_dir)
     for p in model.parameters():

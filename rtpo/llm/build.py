@@ -142,7 +142,7 @@ def _format_warm_model(cfg: ScenarioConfig, base: Path) -> Path:
 
     from rtpo.llm.chat import load_qwen3_tokenizer
     from rtpo.llm.model import load_hf_model
-    from rtpo.llm.worlds import WorldEnv, build_world, format_warm_start
+    from rtpo.llm.worlds import format_warm_start, world_env
 
     task: WorldTaskConfig = cfg.task
     keys = (
@@ -164,13 +164,7 @@ def _format_warm_model(cfg: ScenarioConfig, base: Path) -> Path:
     if (out / "config.json").is_file():
         return out
     model = load_hf_model(base)
-    env = WorldEnv(
-        build_world(task),
-        load_qwen3_tokenizer(str(base)),
-        context_map=task.context_map,
-        system=task.system,
-        enable_thinking=task.enable_thinking,
-    )
+    env = world_env(task, load_qwen3_tokenizer(str(base)))
     format_warm_start(
         model, env, task.format_warmup_steps, lr=task.format_warmup_lr, batch=task.format_warmup_batch, seed=cfg.seed
     )

@@ -129,20 +129,8 @@ def enumerate_tree(env: WorldEnv, limit: int | None = None, key: str = "task.exa
 def policy_value(world: World, tree: Tree, pi: np.ndarray, malformed_reward: float = 0.0) -> float:
     """V^π by backward induction over the tree; pi: (num contexts, A) action probabilities (rows may sum
     to less than 1: the rest is malformed mass, which ends the episode with malformed_reward)."""
-    K, A = world.num_turns, world.num_actions
-    pi = np.asarray(pi, dtype=np.float64)
-    v_next = None
-    for k in range(K - 1, -1, -1):
-        s = tree.s[k]
-        q = world.reward[k][s].astype(np.float64).copy()  # (n, A)
-        if k < K - 1:
-            en, ea, ec, ep = tree.edges[k]
-            cont = np.zeros((s.size, A))
-            np.add.at(cont, (en, ea), ep * v_next[ec])
-            q += (world.gamma ** world.tau[k][s].astype(np.float64)) * cont
-        p = pi[tree.ctx[k]]
-        v_next = (p * q).sum(axis=1) + (1.0 - p.sum(axis=1)) * malformed_reward
-    return float(tree.root_weight @ v_next)
+    _, vs = node_values(world, tree, pi, malformed_reward)
+    return float(tree.root_weight @ vs[0])
 
 
 def node_values(

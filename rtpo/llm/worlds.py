@@ -461,6 +461,19 @@ class WorldEnv:
 # -- the format warm start -------------------------------------------------------------------------------
 
 
+def world_env(task: WorldTaskConfig, tokenizer: Any) -> WorldEnv:
+    """The chat environment of a checked world task section over `tokenizer` (its MDP built by the
+    provider registered for task.kind)."""
+    return WorldEnv(
+        build_world(task),
+        tokenizer,
+        context_map=task.context_map,
+        system=task.system,
+        enable_thinking=task.enable_thinking,
+        malformed_reward=task.malformed_reward,
+    )
+
+
 def random_contexts(env: WorldEnv, n: int, rng: np.random.Generator) -> list[np.ndarray]:
     """n contexts ψ(S_k) of uniformly random canonical walks, each stopped at a uniformly drawn turn."""
     w = env.world
@@ -544,5 +557,6 @@ __all__ = [
     "random_contexts",
     "parse_world_task",
     "provider_of",
+    "world_env",
     "world_kinds",
 ]
