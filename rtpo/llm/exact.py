@@ -260,6 +260,10 @@ class ExactEvaluator:
         self.malformed_reward = float(malformed_reward)
         self.tree = enumerate_tree(env, limit, key)
         self.actions = env.words.canonical
+        A = env.world.num_actions
+        # the uniform policy's value (every action 1/A, no malformed mass): the tabular backend's
+        # eval/v_uniform, the zero of the normalised gain (V − V_uniform)/(V* − V_uniform) in rtpo compare
+        self.v_uniform = policy_value(env.world, self.tree, np.full((len(self.tree.contexts), A), 1.0 / A), 0.0)
         self.pad_id = int(getattr(getattr(model, "config", None), "pad_token_id", None) or 0)
 
     def action_logprobs(self, contexts: Sequence[np.ndarray] | None = None) -> np.ndarray:
@@ -331,7 +335,7 @@ class ExactEvaluator:
         return lp.sum(-1).reshape(n, A)
 
     def __call__(self) -> dict[str, float]:
-        """eval/value (exact), eval/v_star, eval/value_ratio, eval/malformed_mass (the policy's probability
+        """eval/value (exact), eval/v_star, eval/v_uniform, eval/value_ratio, eval/malformed_mass (the policy's probability
         of a malformed turn at the first context) and the cost: contexts, tokens, seconds."""
         t0 = time.perf_counter()
         logp = self.action_logprobs()
@@ -347,6 +351,7 @@ class ExactEvaluator:
         return {
             "eval/value": value,
             "eval/v_star": v_star,
+            "eval/v_uniform": self.v_uniform,
             "eval/value_ratio": value / v_star if v_star else float("nan"),
             "eval/malformed_mass": float(self.tree.root_weight @ (1.0 - pi[root].sum(axis=1))),
             "eval/exact_contexts": float(len(self.tree.contexts)),

@@ -192,6 +192,22 @@ def test_batching_changes_no_probability(chat_model_dir, chat_tok):
     np.testing.assert_allclose(one, many, rtol=1e-5, atol=1e-4)
 
 
+def test_v_uniform_is_the_tabular_backend_s(chat_model_dir, chat_tok):
+    """eval/v_uniform (the zero of rtpo compare's normalised gain) is the tabular backend's uniform value of
+    the same MDP, early ends and discounting included, and sits in every evaluation's metrics.
+    Mutant: the uniform table over A + 1 outcomes (the malformed one counted as an action) fails it."""
+    from rtpo.llm.model import load_hf_model
+    from rtpo.tabular.solve import uniform_policy
+
+    mdp = random_mdp(3, num_turns=3, num_states=3, num_actions=3, end_prob=0.3, max_tau=2, gamma=0.9)
+    env = WorldEnv(_world(mdp), chat_tok)
+    ev = ExactEvaluator(env, load_hf_model(chat_model_dir), 1.0)
+    want = evaluate(mdp, uniform_policy(mdp)).value
+    assert ev.v_uniform == pytest.approx(want, rel=1e-12), f"v_uniform {ev.v_uniform} != tabular {want}"
+    m = ev()
+    assert m["eval/v_uniform"] == ev.v_uniform and m["eval/v_star"] > m["eval/v_uniform"], m
+
+
 def test_a_world_too_large_to_enumerate_is_a_one_line_error_naming_the_key(chat_tok):
     env = WorldEnv(_world(tool_chain(num_turns=6, num_actions=4, seed=0)), chat_tok)
     n = int(count_nodes(env.world).sum())
