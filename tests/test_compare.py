@@ -200,3 +200,29 @@ def test_worker_processes_start_after_torch_ran_multithreaded_in_the_caller(scen
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(next(tmp_path.glob("compare-tiny-*/comparison.json")).read_text())["rows"]
     assert {r["method"] for r in rows} == {"rtpo", "grpo:G=4"} and not any(r["failed"] for r in rows)
+
+
+def test_turn_count_comes_from_the_task_section_without_building(monkeypatch):
+    """compare's K (for the planned budget) is the task section's num_turns: equal to the built environment's
+    on every shipped tabular scenario, and read without building on llm ones (an llm build starts a model
+    and an inference engine in the comparing process).  Mutant: reading num_actions instead fails the
+    tabular half; always building fails the llm half."""
+    from rtpo.compare.jobs import _num_turns
+    from rtpo.scenario import backends
+    from rtpo.scenario.load import load_scenario
+    from rtpo.scenario.shipped import shipped
+
+    seen = {"tabular": 0, "llm": 0}
+    for s in shipped():
+        cfg = load_scenario(str(s.path))
+        kind = cfg.backend.kind
+        if kind.startswith("tabular"):
+            built = backends.get_backend(kind).build(cfg).ctx.env.num_turns
+            assert _num_turns(cfg) == built, f"{s.name}: task section K {_num_turns(cfg)} != environment's {built}"
+            seen["tabular"] += 1
+        elif kind == "llm" and isinstance(getattr(cfg.task, "num_turns", None), int):
+            with monkeypatch.context() as m:
+                m.setattr(backends, "get_backend", lambda k: pytest.fail(f"{s.name}: compare built {k}"))
+                assert _num_turns(cfg) == cfg.task.num_turns
+            seen["llm"] += 1
+    assert seen["tabular"] >= 5 and seen["llm"] >= 5, seen

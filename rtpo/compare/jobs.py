@@ -64,8 +64,14 @@ def _scenario_data(scenario: str | None) -> tuple[dict, str]:
 
 
 def _num_turns(cfg) -> int:
+    """K of the scenario's task: its section's num_turns where it has one (an llm build would start the
+    model, its warm start and an inference engine in this process just to count turns), else the built
+    environment's."""
     from rtpo.scenario.backends import get_backend
 
+    k = getattr(cfg.task, "num_turns", None)
+    if isinstance(k, int) and not isinstance(k, bool) and k > 0:
+        return k
     return int(get_backend(cfg.backend.kind).build(cfg).ctx.env.num_turns)
 
 
