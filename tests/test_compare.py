@@ -222,7 +222,7 @@ def test_turn_count_comes_from_the_task_section_without_building(monkeypatch):
             seen["tabular"] += 1
         elif kind == "llm" and isinstance(getattr(cfg.task, "num_turns", None), int):
             with monkeypatch.context() as m:
-                m.setattr(backends, "get_backend", lambda k: pytest.fail(f"{s.name}: compare built {k}"))
+                m.setattr(backends, "get_backend", lambda k, name=s.name: pytest.fail(f"{name}: compare built {k}"))
                 assert _num_turns(cfg) == cfg.task.num_turns
             seen["llm"] += 1
     assert seen["tabular"] >= 5 and seen["llm"] >= 5, seen
