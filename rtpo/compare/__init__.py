@@ -25,8 +25,9 @@
   samples per turn (batch rows of turn k over the run, from each phase's `samples/turn_<k>`).  On the
   tabular backends it also prints which regime the task is in before training (the exact variance
   decomposition and RTPO/GRPO information index of rtpo.tabular.diagnostic).
-- Tabular rows also give the normalised gain (V − V_uniform)/(V* − V_uniform) and how many seeds ended
-  locked onto a wrong first action (eval/first_action_wrong > 1/2 at the last evaluation).
+- Tabular rows and llm exact-world rows (rtpo.llm.worlds) also give the normalised gain
+  (V − V_uniform)/(V* − V_uniform); tabular rows also count the seeds that ended locked onto a wrong first
+  action (eval/first_action_wrong > 1/2 at the last evaluation).
 - `--sweep key=v1,v2,...` repeats the whole comparison for each value (e.g. task.num_turns=3,4,5).
 - `--tune key=v1,v2,...` (e.g. train.lr=0.1,0.3,1.0) tunes per method (and sweep value): every candidate
   runs on T tuning seeds scenario.seed + N..N+T−1, disjoint from the reported ones; each method is then

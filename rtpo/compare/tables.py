@@ -195,7 +195,7 @@ def table_markdown(rows: list[dict], meta: dict) -> str:
             f"{', '.join(f'{v}' for v in meta['budgets'].values())} {meta.get('budget_unit', 'rollouts')}; "
         )
         + f"{meta['seeds']} seeds; mean ± 95% t-interval over seeds.  gain = (V − V_uniform) / (V* − V_uniform) "
-        "at the last evaluation (tabular); wrong first action = seeds whose final policy's most likely turn-0 "
+        "at the last evaluation (tabular and llm exact worlds); wrong first action = seeds whose final policy's most likely turn-0 "
         "action is not optimal for most of the start-state mass; zero-adv rate = share of advantage groups that "
         "tie, zero-adv siblings = share of RTPO-family sibling rollouts in tied groups (the same for equal groups).",
         "",
