@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -296,3 +297,60 @@ def test_python_m_on_a_new_path_runs_the_command():
         [sys.executable, "-m", "rtpo.scenario.docs", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert out.returncode == 0 and "docs/config.md" in out.stdout + out.stderr, out.stderr
+
+
+def _contributing_floors(text: str) -> dict[str, int]:
+    """CONTRIBUTING.md's floors table as {module or package/: floor}: each row `| N | what | `path`, ... |`, a
+    path `rtpo/a/` the package and everything in it (`rtpo.a.`), `rtpo/a/b.py` that module alone, `{x,y}` one
+    entry per name (`__init__` the package's own module)."""
+    table: dict[str, int] = {}
+    for floor, cells in re.findall(r"^\| (\d) \|[^|]*\|(.*)\|$", text, re.M):
+        for path in re.findall(r"`(rtpo/[^`]*)`", cells):
+            m = re.fullmatch(r"(.*?)\{([^}]*)\}(.*)", path)
+            for p in [m.group(1) + x + m.group(3) for x in m.group(2).split(",")] if m else [path]:
+                if p.endswith("/"):
+                    table[p.replace("/", ".")] = int(floor)
+                else:
+                    table[p.removesuffix(".py").replace("/", ".").removesuffix(".__init__")] = int(floor)
+    return table
+
+
+def _floor_map_mismatches(table: dict[str, int]) -> list[tuple[str, int | None, int]]:
+    """(module, floor by the table or None where no row covers it, floor by FLOORS) where they differ."""
+    out = []
+    for m in sorted(MODULES):
+        if m in table:
+            documented = table[m]
+        else:
+            packages = [p for p in table if p.endswith(".") and (m + ".").startswith(p)]
+            documented = table[max(packages, key=len)] if packages else None
+        if documented != _floor(m):
+            out.append((m, documented, _floor(m)))
+    return out
+
+
+def test_contributing_floors_table_maps_every_module_to_its_floor():
+    table = _contributing_floors((ROOT / "CONTRIBUTING.md").read_text())
+    assert len(table) >= 20, f"CONTRIBUTING.md's floors table not found or cut short: {table}"
+    bad = _floor_map_mismatches(table)
+    assert bad == [], f"CONTRIBUTING.md's floors table disagrees with FLOORS (module, table, FLOORS): {bad[:10]}"
+
+
+def test_the_floors_table_check_can_fail():
+    # the mutants: the table as it stood before rtpo/worlds/ and rtpo/rundir/report.py were added (no row
+    # covers them), and a module listed on the wrong floor
+    table = _contributing_floors((ROOT / "CONTRIBUTING.md").read_text())
+    del table["rtpo.worlds."], table["rtpo.rundir.report"]
+    missing = {m for m, doc, _ in _floor_map_mismatches(table) if doc is None}
+    assert "rtpo.worlds" in missing and "rtpo.rundir.report" in missing, missing
+    table = _contributing_floors((ROOT / "CONTRIBUTING.md").read_text())
+    table["rtpo.rundir.plots"] = 3
+    assert ("rtpo.rundir.plots", 3, 1) in _floor_map_mismatches(table)
+
+
+def test_readme_layout_names_every_subpackage():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("```")[1]
+    packages = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").is_file())
+    missing = [p for p in packages if f"rtpo/{p}/" not in layout]
+    assert missing == [], f"README's Layout leaves out rtpo/{missing}: a newcomer reading it misses them"

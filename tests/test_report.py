@@ -108,6 +108,11 @@ def test_several_runs_on_one_page(tabular_runs, tmp_path):
     assert _curve_polylines(learning, COLORS[0]) == 1 and _curve_polylines(learning, COLORS[1]) == 1
     for run in tabular_runs:
         assert run.name in page
+    # GRPO's phases train every turn at once (phase/turn = -1): named so, not "turn -1"
+    # (mutant: the label f"turn {turn}" for every phase)
+    turns = page.split('<section id="turns">')[1].split("</section>")[0]
+    assert "turn -1" not in turns, "a flat method's phase is labelled as a turn that does not exist"
+    assert f"{tabular_runs[1].name} · all turns (flat)" in turns and "<td>all turns (flat)</td>" in turns
 
 
 @pytest.mark.parametrize(

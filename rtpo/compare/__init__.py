@@ -46,7 +46,10 @@ sweep.png (final value / V* against the swept key) and runs/ with every run fold
 
 The package: jobs (specs, budgets, one validated Job per run), runner (runs them, in worker processes),
 tuning (--tune's selection), tables (statistics over seeds and the markdown table), plots (the figures)
-and command (the CLI); every public name is importable from rtpo.compare itself.
+and command (the CLI); every public name is importable from rtpo.compare itself.  A command (the top
+floor): may import rtpo.scenario, rtpo.rundir (the runner, the folder layout), rtpo.core, rtpo.tabular
+(the regime diagnostic, history scenarios) and rtpo.commands.common; nothing of rtpo imports it except
+the `rtpo compare` dispatch in rtpo.commands.cli.
 """
 
 from rtpo.commands.common import USAGE_ERROR

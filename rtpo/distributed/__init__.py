@@ -1,6 +1,8 @@
 """Scale-out on Ray behind the core's protocols: rollout, trainer and tool workers, with fault tolerance.
 
-rtpo.core never imports this package.  Nothing here imports ray at module load (the Ray parts import it
+May import rtpo.core, the floor below the backends (rtpo.scenario.schema, backends) and the other backends'
+learners and examples (rtpo.llm.learner, rtpo.tabular), never the runner or a command; rtpo.core never
+imports this package.  Nothing here imports ray at module load (the Ray parts import it
 when they start), and names load lazily, so `rtpo.distributed.tools` stays free of torch in a tool actor
 and the in-process sharded backend works where ray is absent.
 """

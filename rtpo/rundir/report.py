@@ -280,6 +280,12 @@ def _learning_curves(runs: list[Run]) -> str:
     return _section("learning", "Learning curve", "".join(out))
 
 
+def _turn_label(turn: int) -> str:
+    """A phase's `phase/turn`: k for a reverse-turn phase, -1 for a flat method's phase (GRPO and the like
+    train every turn at once)."""
+    return f"turn {turn}" if turn >= 0 else "all turns (flat)"
+
+
 def _per_turn(runs: list[Run]) -> str:
     charts, tables = [], []
     keys = [k for k in TURN_KEYS if _keys(runs, k)] + [k for k in _keys(runs, "sibling/")]
@@ -293,7 +299,7 @@ def _per_turn(runs: list[Run]) -> str:
                     by_turn[int(turn)][0].append(x)
                     by_turn[int(turn)][1].append(y)
             for j, (turn, (xs, ys)) in enumerate(sorted(by_turn.items())):
-                label = f"turn {turn}" if len(runs) == 1 else f"{r.label} · turn {turn}"
+                label = _turn_label(turn) if len(runs) == 1 else f"{r.label} · {_turn_label(turn)}"
                 series.append((label, _color(i * 4 + j), xs, ys))
         if series:
             charts.append(svg_chart(f"{key} per phase, by turn", series, "global_phase"))
@@ -310,7 +316,7 @@ def _per_turn(runs: list[Run]) -> str:
         if rows:
             cols = [k for k in [*keys, "phase/boundaries"] if any(rows[t].get(k) for t in rows)]
             body = [
-                [f"turn {t}", str(max(len(v) for v in rows[t].values()))]
+                [_turn_label(t), str(max(len(v) for v in rows[t].values()))]
                 + [_fmt(sum(rows[t][k]) / len(rows[t][k])) if rows[t].get(k) else "" for k in cols]
                 for t in sorted(rows)
             ]
