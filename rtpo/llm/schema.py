@@ -54,8 +54,9 @@ class LLMBackendConfig(BackendConfig):
     packing: bool = Field(
         False,
         description="padding-free learner passes: a micro-batch's rows packed into one sequence with per-row "
-        "position ids (block-diagonal causal mask), same log-probs; off by default: slower on CPU, where SDPA "
-        "has no variable-length kernel and attends over the whole packed row (bench/packing.json)",
+        "position ids (block-diagonal causal mask), same log-probs; off by default: on CPU, where SDPA has no "
+        "variable-length kernel and attends over the whole packed row, it pays only where padding is large "
+        "(2.6x tokens/s at the paper's lengths, 51% padding; 0.72-0.92x on tiny-cpu's batches; bench/packing.json)",
     )
     grad_clip: float | None = Field(1.0, gt=0, description="max global grad norm (null = off)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (E.3: 0.01)")
