@@ -4,7 +4,9 @@ and a GRPO update on a tabular tool chain whose advantages are the hand-shaped r
 
 Mutants: the penalty added instead of subtracted (tried: every GRPO case and the paths test red), or
 the estimator ignored (always k1), turns test_grpo_advantages_read_the_penalised_reward red; loss_config keeping kl_coef under the reward placement turns test_reward_placement_leaves_the_loss_kl_off
-red.  The llm backend through `rtpo run` is tests/llm/test_kl_reward_llm.py (slow).
+red.  The adaptive controller with the KL in the reward (test_adaptive_beta_in_the_reward_by_hand): the
+controller updated with n = trajectories instead of turn rows, or not updated in `rollout`, or `ppo`
+injecting its β into the loss under the reward placement, each turn it red.  The llm backend through `rtpo run` is tests/llm/test_kl_reward_llm.py (slow).
 """
 
 from __future__ import annotations
@@ -112,8 +114,9 @@ def test_penalise_rewards_paths_agree():
     _reference_away_from_theta(ctx, 3)
     method = make("rtpo", G=2)
     res = method.rollout(ctx, np.arange(4))
-    col = penalise_rewards(res, ctx.learner, 0.2, "k3")
-    per = penalise_rewards(res.per_episode(), ctx.learner, 0.2, "k3")
+    col, col_stats = penalise_rewards(res, ctx.learner, 0.2, "k3")
+    per, per_stats = penalise_rewards(res.per_episode(), ctx.learner, 0.2, "k3")
+    assert col_stats == per_stats, "both paths must measure the same KL"
     for a, b, raw in zip(col.trajectories, per.trajectories, res.trajectories):
         np.testing.assert_array_equal(a.rewards, b.rewards)
         assert np.all(a.rewards <= raw.rewards), "k3 is non-negative: a penalty never raises a reward"
@@ -123,8 +126,9 @@ def test_penalise_rewards_paths_agree():
 def test_kl_placement_config_errors():
     with pytest.raises(ValueError, match="unknown kl_placement 'both'"):
         make("grpo", G=2, kl_coef=0.1, kl_placement="both")
-    with pytest.raises(ValueError, match="kl_target"):
-        make("grpo", G=2, kl_coef=0.1, kl_placement="reward", kl_target=0.01)
+    with pytest.raises(ValueError, match="kl_target needs kl_target > 0 and a starting kl_coef > 0"):
+        make("grpo", G=2, kl_coef=0.0, kl_placement="reward", kl_target=0.01)
+    make("grpo", G=2, kl_coef=0.1, kl_placement="reward", kl_target=0.01)  # the adaptive β in the reward is valid
     with pytest.raises(ConfigError, match="method.kl_placement: unknown kl_placement 'everywhere'"):
         load_scenario(None, ["method.kl_placement=everywhere"])
 
@@ -139,3 +143,51 @@ def test_a_learner_without_a_reference_is_one_line():
     res = make("grpo", G=2).rollout(ctx, np.arange(1))
     with pytest.raises(TypeError, match="needs a learner with ref_logprobs"):
         penalise_rewards(res, _NoReference(), 0.1, "k1")
+
+
+def test_adaptive_beta_in_the_reward_by_hand(monkeypatch):
+    """GRPO (G = 3) on tool_chain K = 3, kl_placement reward, kl_coef β0 = 0.05, kl_target 0.01, horizon 40:
+    the first iteration's rollout is penalised with β0, and the controller then holds
+    β1 = β0·(1 + clip(KL/0.01 − 1, ±0.2)·n/40), KL = the mean over the rollout's turn rows of their
+    token-mean k3 (one token per tabular row), n = the number of turn rows (9 paths × 3 turns), computed
+    here from the raw rollout and the reference table.  The phase's metrics carry kl_reward/* with those
+    figures; the second iteration penalises with β1; the loss gets β = 0 both times and no loss/kl_coef.
+    Mutants: n = trajectories; no update in `rollout`; `ppo` injecting β into the loss (all red)."""
+    import rtpo.core.methods.base as base_mod
+
+    raw = []
+    real_rollout = base_mod.rollout
+
+    def recording(*args, **kwargs):
+        raw.append(real_rollout(*args, **kwargs))
+        return raw[-1]
+
+    monkeypatch.setattr(base_mod, "rollout", recording)
+    beta0, target, horizon = 0.05, 0.01, 40
+    _, _, ctx = stack(K=3, seed=7)
+    ref = _reference_away_from_theta(ctx, 13)
+    seen = _capture(ctx)
+    method = make("grpo", G=3, kl_coef=beta0, kl_placement="reward", kl_target=target, kl_horizon=horizon)
+    metrics = []
+    for _ in range(2):
+        state = method.begin(ctx, np.arange(3))
+        while state.pending:
+            metrics.append(method.phase(ctx, state))
+    cols = raw[0].columns
+    pairs = np.asarray(cols.contexts.values, dtype=np.int64).reshape(-1, 2)
+    ref_lp = torch.log_softmax(ref, -1).numpy()[pairs[:, 0], pairs[:, 1], cols.tokens.values]
+    d = ref_lp - cols.logp.values
+    kl_rows = np.exp(d) - d - 1  # k3, one token per row: the row's token mean
+    n = len(cols.tokens)
+    assert n == 9 * 3, f"9 paths of 3 turns expected, got {n} rows"
+    kl = kl_rows.mean()
+    beta1 = beta0 * (1 + min(max(kl / target - 1, -0.2), 0.2) * n / horizon)
+    assert abs(kl / target - 1) > 1e-3, "the hand KL must move β (else the test checks nothing)"
+    first = metrics[0]
+    assert first["kl_reward/coef"] == beta0, "the first rollout is penalised with the starting β"
+    assert first["kl_reward/rows"] == n
+    assert first["kl_reward/token_kl_mean"] == pytest.approx(kl, rel=1e-12), "measured KL is not the row mean"
+    assert first["kl_reward/penalty_mean"] == pytest.approx(beta0 * kl, rel=1e-12)
+    assert metrics[1]["kl_reward/coef"] == pytest.approx(beta1, rel=1e-12), "iteration 2 must penalise with β1"
+    assert all(loss.kl_coef == 0.0 for _, loss in seen), "the reward placement's loss must have no KL term"
+    assert not any("loss/kl_coef" in m for m in metrics), "loss/kl_coef belongs to the loss placement"

@@ -167,14 +167,17 @@ def test_entropy_bonus_raises_tabular_entropy(tmp_path):
     assert ents[2.0] > ents[0.0] + 1e-3, f"entropy bonus did not raise the policy's entropy: {ents}"
 
 
+@pytest.mark.parametrize("placement", ["loss", "reward"])
 @pytest.mark.parametrize("method", ["rtpo", "grpo"])
-def test_adaptive_kl_moves_and_resumes_exactly(tmp_path, monkeypatch, method):
-    """kl_target: loss/kl_coef moves from kl_coef; a run crashed after some phases and resumed has the same
-    metrics (the controller's β comes back from the checkpoint)."""
+def test_adaptive_kl_moves_and_resumes_exactly(tmp_path, monkeypatch, method, placement):
+    """kl_target: the β in use (loss/kl_coef; with the KL in the reward kl_reward/coef, every phase, and
+    no loss/kl_coef) moves from kl_coef; a run crashed after some phases and resumed has the same metrics
+    (the controller's β comes back from the checkpoint).  Mutant: load_checkpoint_state not restoring β."""
     from rtpo.core.methods.base import Method
 
     extra = [
         f"method.name={method}",
+        f"method.kl_placement={placement}",
         "method.kl_coef=0.05",
         "method.kl_target=0.001",
         "method.kl_horizon=50",
@@ -183,8 +186,16 @@ def test_adaptive_kl_moves_and_resumes_exactly(tmp_path, monkeypatch, method):
         "budget.iterations=3",
     ]
     cfg, full = _tabular_loss_run(tmp_path / "a", extra)
-    coefs = [m["loss/kl_coef"] for m in full.metrics]
-    assert coefs[0] == 0.05 and len(set(coefs)) > 1, f"the adaptive β did not move: {coefs}"
+    key = "loss/kl_coef" if placement == "loss" else "kl_reward/coef"
+    assert all(key in m for m in full.metrics), f"{key} missing from a phase's metrics"
+    if placement == "reward":
+        assert not any("loss/kl_coef" in m for m in full.metrics), "the reward placement's loss has no KL"
+        assert all("kl_reward/token_kl_mean" in m and "kl_reward/penalty_mean" in m for m in full.metrics)
+    coefs = [m[key] for m in full.metrics]
+    # RTPO's first phase with the KL in the reward also reports begin's trunk rollout, penalised with β0
+    # before the controller moved: a row-weighted mean of β0 and the next β
+    first_is_beta0 = placement == "loss" or method == "grpo"
+    assert (coefs[0] == 0.05 or not first_is_beta0) and len(set(coefs)) > 1, f"the adaptive β did not move: {coefs}"
     real = Method.phase
     calls = {"n": 0}
 

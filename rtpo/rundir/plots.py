@@ -50,6 +50,8 @@ LABELS = {
     "loss/clipfrac": "clipped fraction",
     "loss/approx_kl": "approximate KL to the rollout policy",
     "loss/kl_ref": "KL to the reference policy",
+    "kl_reward/token_kl_mean": "KL to the reference in the reward (token mean per turn)",
+    "kl_reward/coef": "KL coefficient β in the reward",
     "global_phase": "phase",
     "train/entropy": "policy entropy (nats per token)",
     "train/lr": "learning rate",

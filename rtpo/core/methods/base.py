@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rtpo.core.budget import Budget
-from rtpo.core.kl_reward import penalise_rewards
+from rtpo.core.kl_reward import KLRewardStats, kl_reward_metrics, penalise_rewards
 from rtpo.core.loss import AdaptiveKL, Aggregation, LossConfig, RatioLevel
 from rtpo.core.protocols import Environment, Learner, Sampler
 from rtpo.core.registry import Registry
@@ -44,9 +44,11 @@ class UpdateConfig:
                     advantages, as verl's use_kl_in_reward: rtpo.core.kl_reward).
     log_ratio_clip: |log ρ| clamp before exp (E.3: 10).
     kl_estimator:   per-token KL estimate (rtpo.core.loss.kl_term): k1 | k2 | k3 (E.3) | low_var_kl.
-    kl_target:      adaptive KL controller (rtpo.core.loss.AdaptiveKL): after every update β is scaled by
-                    1 + clip(KL/kl_target − 1, ±0.2)·n/kl_horizon (n = the update's rows), starting from
-                    kl_coef; None = a fixed β.  kl_placement "loss" only.
+    kl_target:      adaptive KL controller (rtpo.core.loss.AdaptiveKL, Ziegler et al. 2019 §2.2): β starts at
+                    kl_coef and is scaled by 1 + clip(KL/kl_target − 1, ±0.2)·n/kl_horizon after every
+                    update (placement loss: KL = the update's loss/kl_ref, n = its rows) or every
+                    penalised rollout (placement reward, as verl: KL = the mean over turn rows of their
+                    token-mean KL, n = those rows); None = a fixed β.
     kl_horizon:     the controller's horizon, in rows (samples).
     entropy_coef:   c of the entropy bonus −c·H in the loss (token mean at the response tokens); 0 = off.
     loss_aggregation: token aggregation of the policy loss for any method (rtpo.core.loss.aggregate):
@@ -80,8 +82,6 @@ class UpdateConfig:
             raise ValueError("kl_horizon must be >= 1")
         if self.kl_placement not in KL_PLACEMENTS:
             raise ValueError(f"unknown kl_placement {self.kl_placement!r} (valid: {', '.join(KL_PLACEMENTS)})")
-        if self.kl_placement == "reward" and self.kl_target is not None:
-            raise ValueError("kl_target (the adaptive controller) works with kl_placement 'loss' only")
         self.loss_config()  # clip and ratio settings are checked where the loss defines them
 
     @property
@@ -149,10 +149,17 @@ class Method(ABC):
         therefore includes this phase) and return its metrics."""
 
     def phase(self, ctx: RunContext, state: IterationState) -> dict[str, float]:
-        """Run the next pending phase: pop it, count it, then `run_phase` (the runner's one entry point)."""
+        """Run the next pending phase: pop it, count it, then `run_phase` (the runner's one entry point).
+        With kl_placement "reward" the metrics carry kl_reward/* over the rollouts since the last phase
+        (this phase's and, for the first, `begin`'s: rtpo.core.kl_reward.kl_reward_metrics)."""
         key = state.pending.pop(0)
         state.done_phases += 1
-        return self.run_phase(ctx, state, key)
+        metrics = self.run_phase(ctx, state, key)
+        stats: list[KLRewardStats] = getattr(self, "_kl_reward_stats", [])
+        if stats:
+            metrics.update(kl_reward_metrics(stats))
+            self._kl_reward_stats = []
+        return metrics
 
     def rollout(
         self,
@@ -165,7 +172,9 @@ class Method(ABC):
         """rtpo.core.rollout from fresh episodes of these queries (snapshots None) or from these boundary
         snapshots, n responses per episode at the first step; the rollouts, turns and tokens it generates
         are charged to ctx.budget.  With kl_placement "reward" the turns' rewards come back KL-penalised
-        (rtpo.core.kl_reward), so every method's returns and advantages read the penalised reward."""
+        (rtpo.core.kl_reward), so every method's returns and advantages read the penalised reward; β is
+        the adaptive controller's current value when there is one, and the controller then moves by this
+        rollout's measured KL (rtpo.core.kl_reward's module docstring; n = its turn rows with tokens)."""
         q = np.asarray(query_ids, dtype=np.int64)
         episodes = ctx.env.reset(q, ctx.rng) if snapshots is None else ctx.env.restore(snapshots)
         res = rollout(ctx.env, ctx.sampler, episodes, q, ctx.rng, n=n, record_boundaries=record_boundaries)
@@ -173,7 +182,12 @@ class Method(ABC):
             res = res.per_episode()
         ctx.budget.charge(len(res.trajectories), res.turns, res.tokens)
         if getattr(self.cfg, "kl_placement", "loss") == "reward" and self.cfg.kl_coef > 0:
-            res = penalise_rewards(res, ctx.learner, self.cfg.kl_coef, self.cfg.kl_estimator)
+            ctl = self.kl_controller()
+            beta = self.cfg.kl_coef if ctl is None else ctl.value
+            res, stats = penalise_rewards(res, ctx.learner, beta, self.cfg.kl_estimator)
+            if ctl is not None and stats.rows:
+                ctl.update(stats.token_kl_mean, stats.rows)
+            self._kl_reward_stats = [*getattr(self, "_kl_reward_stats", []), stats]
         return res
 
     def kl_controller(self) -> AdaptiveKL | None:
@@ -185,8 +199,9 @@ class Method(ABC):
 
     def ppo(self, ctx: RunContext, batch: TurnBatch, loss: LossConfig) -> dict[str, float]:
         """ppo_update with this method's epochs and minibatch size, under the adaptive KL coefficient when
-        there is one (which then moves by the update's measured loss/kl_ref; metric loss/kl_coef)."""
-        ctl = self.kl_controller()
+        there is one and the KL is in the loss (which then moves by the update's measured loss/kl_ref;
+        metric loss/kl_coef).  With kl_placement "reward" the loss has no KL term: `rollout` applies β."""
+        ctl = self.kl_controller() if getattr(self.cfg, "kl_placement", "loss") == "loss" else None
         if ctl is not None:
             loss = dataclasses.replace(loss, kl_coef=ctl.value)
         metrics = ppo_update(ctx.learner, batch, loss, self.cfg.epochs, self.cfg.minibatch_size, ctx.rng)
