@@ -83,7 +83,7 @@ def _gains(curve: list[tuple[float, float]], budget: float) -> dict:
             f"bench_promotion: evaluations cover {n[0]:.0f}..{n[-1]:.0f} rollouts, not the fractions' "
             f"{points[0]:.0f}..{points[-1]:.0f}: evaluate more often (eval.every)"
         )
-    auc = np.interp(np.minimum(points, n[-1]), n, g)
+    auc = np.interp(points, n, g)  # past the last evaluation np.interp holds its value
     return {"gain_final": float(g[-1]), "gain_auc": float(auc.mean()), "evaluations": len(curve)}
 
 
@@ -114,6 +114,15 @@ def summarise(folder: Path) -> dict:
     return {"folder": str(folder), "command": meta.get("command"), "budget_rollouts": budget, "methods": methods}
 
 
+def _verdict(tabular: int, llm: int) -> str:
+    """The module docstring's verdict from each backend's resolved sign (0 = the interval contains 0)."""
+    if tabular == 0 and llm == 0:
+        return "both tie"
+    if tabular == 0 or llm == 0:
+        return "tabular tie" if tabular == 0 else "llm tie"
+    return "same order" if tabular == llm else "reversed"
+
+
 def pairs(backends: dict) -> list[dict]:
     names = sorted(set.intersection(*(set(b["methods"]) for b in backends.values())))
     out = []
@@ -129,18 +138,7 @@ def pairs(backends: dict) -> list[dict]:
                 resolved = ci["n"] > 1 and abs(ci["mean"]) > ci["half_width_95"]
                 row[f"{key}.{name}"] = {**ci, "resolved": bool(resolved)}
                 verdict[name] = int(np.sign(ci["mean"])) if resolved else 0
-            t, llm = verdict["tabular"], verdict["llm"]
-            row[f"{key}.verdict"] = (
-                "both tie"
-                if t == 0 and llm == 0
-                else "tabular tie"
-                if t == 0
-                else "llm tie"
-                if llm == 0
-                else "same order"
-                if t == llm
-                else "reversed"
-            )
+            row[f"{key}.verdict"] = _verdict(verdict["tabular"], verdict["llm"])
         out.append(row)
     return out
 
@@ -165,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     out = {
         "command": "python bench/bench_promotion.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        # what regenerates this file from nothing (with --tabular/--llm the comparisons were run before,
+        # by the commands recorded under backends.*.command)
+        "regenerate": "python bench/bench_promotion.py",
         "mdp": {"task": "tool_chain (tiny-cpu-mdp's section)", "num_turns": TURNS, "num_actions": 4},
         "budget_rollouts": backends["tabular"]["budget_rollouts"],
         "fractions": list(FRACTIONS),
