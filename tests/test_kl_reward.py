@@ -18,7 +18,7 @@ import pytest
 import torch
 from _method_helpers import make, stack
 
-from rtpo.core.kl_reward import penalise_rewards, turn_kl_penalty
+from rtpo.core.kl_reward import penalise_rewards, turn_kl_sums
 from rtpo.core.types import Ragged
 from rtpo.scenario.load import ConfigError, load_scenario
 
@@ -28,14 +28,14 @@ def test_turn_kl_penalty_by_hand():
     old = Ragged(np.array([-1.0, -2.0, -0.5]), np.array([0, 2, 3]))
     ref = Ragged(np.array([-1.5, -1.0, -0.5]), np.array([0, 2, 3]))
     # k1 = log π_old − log π_ref: (0.5 − 1.0) and 0
-    np.testing.assert_allclose(turn_kl_penalty(old, ref, 0.1, "k1"), [0.1 * (0.5 - 1.0), 0.0], rtol=1e-15)
+    np.testing.assert_allclose(0.1 * turn_kl_sums(old, ref, "k1"), [0.1 * (0.5 - 1.0), 0.0], rtol=1e-15)
     # k3 = e^d − d − 1, d = log π_ref − log π_old = (−0.5, 1.0) and 0
     k3 = (math.exp(-0.5) + 0.5 - 1) + (math.exp(1.0) - 1.0 - 1)
-    np.testing.assert_allclose(turn_kl_penalty(old, ref, 0.1, "k3"), [0.1 * k3, 0.0], rtol=1e-15)
+    np.testing.assert_allclose(0.1 * turn_kl_sums(old, ref, "k3"), [0.1 * k3, 0.0], rtol=1e-15)
     # k2 = d²/2
-    np.testing.assert_allclose(turn_kl_penalty(old, ref, 2.0, "k2"), [2.0 * (0.125 + 0.5), 0.0], rtol=1e-15)
+    np.testing.assert_allclose(2.0 * turn_kl_sums(old, ref, "k2"), [2.0 * (0.125 + 0.5), 0.0], rtol=1e-15)
     empty = Ragged(np.array([-1.0]), np.array([0, 0, 1]))  # an empty turn has no penalty
-    np.testing.assert_allclose(turn_kl_penalty(empty, empty, 1.0, "k1"), [0.0, 0.0])
+    np.testing.assert_allclose(1.0 * turn_kl_sums(empty, empty, "k1"), [0.0, 0.0])
 
 
 def _capture(ctx) -> list:

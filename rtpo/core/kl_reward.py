@@ -79,11 +79,6 @@ def turn_kl_sums(logp: Ragged, ref_logp: Ragged, estimator: str) -> np.ndarray:
     return per_row
 
 
-def turn_kl_penalty(logp: Ragged, ref_logp: Ragged, beta: float, estimator: str) -> np.ndarray:
-    """(N,) β · Σ_t kl_t over each row's tokens (module docstring), rows = turns."""
-    return beta * turn_kl_sums(logp, ref_logp, estimator)
-
-
 def _stats(sums: np.ndarray, lengths: np.ndarray, beta: float) -> KLRewardStats:
     has = lengths > 0
     return KLRewardStats(
