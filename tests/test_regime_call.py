@@ -165,13 +165,18 @@ def test_the_bottleneck_index_is_the_benchmarks():
 
 def test_solve_prints_the_call_only_where_calibrated(capsys):
     """`rtpo solve` on the Bernoulli chain at K = 8 with RTPO G = 3: deep in the GRPO band, a call with its
-    held-out confidence; at K = 3 the index lies between the bands, and the scenario's own G = 6 is off the
-    calibrated protocol: no call."""
+    held-out confidence; region_chain at K = 6 (index 0.77) lies between the bands, and the chain's own
+    G = 6 is off the calibrated protocol: no call."""
     from rtpo.commands import cli
 
-    path = str(ROOT / "scenarios" / "tabular" / "search_long.yaml")
+    chain = str(ROOT / "scenarios" / "tabular" / "search_long.yaml")
+    region = str(ROOT / "scenarios" / "tabular" / "region_chain.yaml")
     outs = []
-    for extra in (["method.G=3"], ["method.G=3", "task.num_turns=3"], []):
+    for path, extra in (
+        (chain, ["method.G=3"]),
+        (region, ["method.G=3", "task.num_turns=6", "task.num_actions=3"]),
+        (chain, []),
+    ):
         assert cli.main(["solve", path, *extra]) == 0
         outs.append(capsys.readouterr().out.strip().splitlines()[-1])
     assert outs[0].startswith("call: GRPO ahead") and "held-out families" in outs[0], outs[0]
