@@ -3,8 +3,13 @@ bench/plan.json (docs/plan.md's validation table reads it).
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONPATH=$PWD python bench/bench_plan.py [--skip-runs]
 
-1. cpu: this machine's fp32 matmul FLOP/s (torch, 2 threads) and copy bandwidth are measured first; the
-   plan then uses the table's `cpu` entry with those two figures (its overheads stay the table's).  Each
+1. cpu: this machine's fp32 matmul FLOP/s (torch, 2 threads) and copy bandwidth are measured first, and
+   the share of that peak a plain torch training loop reaches on tiny-cpu's own model (bench/learner_mfu.py's
+   plain loop: forward keeping the response logits, log-softmax, clipped surrogate, backward, AdamW; one
+   micro-batch of backend.micro_batch_tokens in rows of the GRPO plan's mean row length, FLOPs by that
+   bench's formula) becomes the entry's train_efficiency -- on a GPU that share is the assumed MFU, here it
+   is measured, and it is not rtpo's learner.  The plan then uses the table's `cpu` entry with those three
+   figures (its overheads stay the table's).  Each
    run (`rtpo run scenarios/llm/tiny-cpu.yaml`, RTPO and GRPO with G = 7, the same rollouts per query)
    goes in a fresh process that reports its peak RSS; a second process that only imports what a run
    imports (torch, transformers, vLLM, rtpo's llm backend) gives the runtime's own RSS, which the plan
@@ -79,7 +84,8 @@ def _child(kind: str, *args: str) -> dict:
 
 
 def calibrate() -> dict:
-    """fp32 matmul FLOP/s at 2 torch threads, and a large copy's bandwidth (read + write)."""
+    """fp32 matmul FLOP/s at 2 torch threads, and a large copy's bandwidth (read + write); then the plain
+    training loop's FLOP/s on tiny-cpu's model (train_probe)."""
     import numpy as np
     import torch
 
@@ -100,7 +106,45 @@ def calibrate() -> dict:
         t = time.perf_counter()
         np.copyto(dst, src)
         bw = min(bw, time.perf_counter() - t)
-    return {"fp32_flops": flops, "copy_bytes_per_s": 2 * src.nbytes / bw}
+    out = {"fp32_flops": flops, "copy_bytes_per_s": 2 * src.nbytes / bw}
+    probe = train_probe()
+    return out | {"train_probe": probe, "train_efficiency": probe["flops_per_s"] / flops}
+
+
+def train_probe(steps: int = 5) -> dict:
+    """FLOP/s of a plain torch training step (bench/learner_mfu.py's plain loop, not rtpo's learner) on
+    tiny-cpu's model: one micro-batch of backend.micro_batch_tokens in rows as long as the GRPO run's mean
+    learner row in the plan, with max_tokens response tokens each; the fastest of `steps` after a warm-up."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    import learner_mfu
+
+    from rtpo.llm.model_cache import tiny_random_model
+    from rtpo.plan import plan
+    from rtpo.scenario.load import load_scenario
+
+    cfg = load_scenario(TINY, RUNS["grpo"])
+    trained = [p for p in plan(cfg, "cpu").phases if p.trained_rows > 0]
+    row = round(sum(p.learner_tokens for p in trained) / sum(p.trained_rows for p in trained))
+    rsp = cfg.backend.max_tokens
+    rows = max(1, cfg.backend.micro_batch_tokens // row)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = tiny_random_model(tmp, cfg.seed, cfg.backend.tiny_tokenizer)
+        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        batch = learner_mfu.synthetic_batch(vocab, rows, row - rsp, rsp)
+        model, step = learner_mfu._plain_loop(model_dir, batch, torch.device("cpu"), None, rows, 1.0)
+        times = learner_mfu._time(step, lambda: None, 1, steps)
+        n_params = sum(p.numel() for p in model.parameters())
+        flops = learner_mfu.step_flops(model.config, rows, row - rsp, rsp, n_params)
+    return {
+        "rows": rows,
+        "row_tokens": row,
+        "response_tokens": rsp,
+        "step_flops": flops,
+        "step_s": times,
+        "flops_per_s": flops / min(times),
+    }
 
 
 def _iterations(run_dir: Path) -> list[dict]:
@@ -215,20 +259,30 @@ def paper() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--child", choices=["baseline", "run"])
+    ap.add_argument("--child", choices=["baseline", "run", "calibrate"])
     ap.add_argument("--result")
     ap.add_argument("--skip-runs", action="store_true", help="paper checks only (no CPU runs)")
     ap.add_argument("rest", nargs="*")
     ns = ap.parse_args()
     if ns.child:
-        res = child_baseline() if ns.child == "baseline" else child_run(ns.rest[0], ns.rest[1:])
+        if ns.child == "calibrate":
+            res = calibrate()
+        else:
+            res = child_baseline() if ns.child == "baseline" else child_run(ns.rest[0], ns.rest[1:])
         Path(ns.result).write_text(json.dumps(res))
         return
     from rtpo.plan.hardware import TABLE
 
     load_before = os.getloadavg()
-    cal = calibrate()
-    hw = replace(TABLE["cpu"], fp32_tflops=cal["fp32_flops"] / 1e12, mem_bw_gbs=cal["copy_bytes_per_s"] / 1e9)
+    # in a child: Linux keeps a process's peak RSS across fork and exec, and the later children's peak RSS
+    # is what the memory check reads, so the parent stays small
+    cal = _child("calibrate")
+    hw = replace(
+        TABLE["cpu"],
+        fp32_tflops=cal["fp32_flops"] / 1e12,
+        mem_bw_gbs=cal["copy_bytes_per_s"] / 1e9,
+        train_efficiency=cal["train_efficiency"],
+    )
     out = {
         "command": "VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONPATH=$PWD python bench/bench_plan.py",
         "cpu_count": os.cpu_count(),

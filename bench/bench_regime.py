@@ -32,8 +32,14 @@ the two design indices around it, and never on the wrong side of 1; between the 
 clear and close contests; a band calls its method only if that interval's lower bound is above 1/2.
 
     python bench/bench_regime.py                # -> docs/results/regime_benchmark/regime.json (FAMILIES × 44 runs)
+    python bench/bench_regime.py --resume       # continue an interrupted run from its --out JSON
     python bench/bench_regime.py --calibrate    # re-derive the calibration of an existing JSON (no runs)
     python bench/bench_regime.py --table        # docs/results.md §1d's table, from that JSON
+
+The JSON is rewritten after every family, so a run stopped part-way keeps the families it finished; its
+"command" names the family count those rows are (families are a fixed stream, so that command
+regenerates them), and "families_requested" what was asked for.  `--resume` keeps the rows of an --out
+JSON with the same protocol and runs the families it lacks.
 """
 
 from __future__ import annotations
@@ -231,6 +237,67 @@ def table(payload: dict) -> str:
     return "\n".join(lines)
 
 
+def protocol(families: int, tune_seeds: int) -> dict:
+    return {
+        "families": families,
+        "rollouts": ROLLOUTS,
+        "lrs": list(LRS),
+        "tune_seeds": tune_seeds,
+        "reported_seeds": REPORTED,
+        "G_rtpo": G_RTPO,
+        "G_grpo": G_GRPO,
+    }
+
+
+def family_row(i: int, tune_seeds: int) -> dict:
+    """Family i's predictors, each method's tuning and reported values, the winner and the calls."""
+    task = family_section(i)
+    row: dict = {"family": i, "task": task, **predictors(task)}
+    for method in ("rtpo", "grpo"):
+        tune = {lr: np.mean([value(task, method, lr, 100 + s) for s in range(tune_seeds)]) for lr in LRS}
+        lr = max(LRS, key=lambda v: tune[v])  # ties: the first (smaller) lr
+        vals = np.array([value(task, method, lr, s) for s in range(REPORTED)])
+        m, h = t_interval(vals)
+        row[method] = {"lr": lr, "tuning": {str(k): float(v) for k, v in tune.items()}, "mean": m, "ci95": h}
+        row[method]["values"] = vals.tolist()
+    r, g = row["rtpo"], row["grpo"]
+    row["winner"] = "rtpo" if r["mean"] > g["mean"] else "grpo"
+    row["clear"] = bool(abs(r["mean"] - g["mean"]) > r["ci95"] + g["ci95"])
+    for name in ("summed", "bottleneck"):
+        idx = row[name]
+        row[f"{name}_call"] = None if not np.isfinite(idx) else ("rtpo" if idx > 1 else "grpo")
+    return row
+
+
+def payload(rows: list[dict], tune_seeds: int, requested: int, wall_s: float, loads: list) -> dict:
+    """The JSON of the families finished so far: its command regenerates exactly these rows."""
+    return {
+        "command": f"python bench/bench_regime.py --families {len(rows)} --tune-seeds {tune_seeds}",
+        "families_requested": requested,
+        "calibration": calibrate(rows),
+        "protocol": protocol(len(rows), tune_seeds),
+        "summary": summarise(rows),
+        "rows": rows,
+        "wall_s": wall_s,
+        "loadavg_before": loads[0],
+        "loadavg_after": loads[-1],
+    }
+
+
+def resumed_rows(out: Path, tune_seeds: int) -> tuple[list[dict], float, list | None]:
+    """The rows, wall time and starting load of an earlier run's JSON at `out`, if its protocol is this one's."""
+    if not out.is_file():
+        return [], 0.0, None
+    old = json.loads(out.read_text())
+    mine, theirs = protocol(0, tune_seeds), dict(old["protocol"], families=0)
+    if mine != theirs:
+        raise SystemExit(f"bench_regime: --resume: {out} has another protocol ({theirs} vs {mine})")
+    rows = old["rows"]
+    if [r["family"] for r in rows] != list(range(len(rows))):
+        raise SystemExit(f"bench_regime: --resume: {out} does not hold families 0..{len(rows) - 1} in order")
+    return rows, float(old.get("wall_s", 0.0)), old.get("loadavg_before")
+
+
 def main(argv: list[str] | None = None) -> None:
     from rtpo.core.threads import torch_threads
 
@@ -241,65 +308,38 @@ def main(argv: list[str] | None = None) -> None:
         "--out",
         default=str(Path(__file__).resolve().parents[1] / "docs" / "results" / "regime_benchmark" / "regime.json"),
     )
+    p.add_argument("--resume", action="store_true", help="keep the finished families of --out and run the rest")
     p.add_argument("--table", action="store_true", help="print the markdown table of an existing --out JSON")
     p.add_argument("--calibrate", action="store_true", help="re-derive the calibration of an existing --out JSON")
     ns = p.parse_args(argv)
+    out = Path(ns.out)
     if ns.table:
-        print(table(json.loads(Path(ns.out).read_text())))
+        print(table(json.loads(out.read_text())))
         return
     if ns.calibrate:
-        payload = json.loads(Path(ns.out).read_text())
-        payload["calibration"] = calibrate(payload["rows"])
-        Path(ns.out).write_text(json.dumps(payload, indent=2) + "\n")
-        print(json.dumps(payload["calibration"], indent=2))
+        data = json.loads(out.read_text())
+        data["calibration"] = calibrate(data["rows"])
+        out.write_text(json.dumps(data, indent=2) + "\n")
+        print(json.dumps(data["calibration"], indent=2))
         return
-    load0, t0 = os.getloadavg(), time.perf_counter()
-    rows = []
+    rows, wall0, load0 = resumed_rows(out, ns.tune_seeds) if ns.resume else ([], 0.0, None)
+    rows = rows[: ns.families]
+    loads, t0 = [load0 or list(os.getloadavg())], time.perf_counter()
     with torch_threads(1):
-        for i in range(ns.families):
-            task = family_section(i)
-            row: dict = {"family": i, "task": task, **predictors(task)}
-            for method in ("rtpo", "grpo"):
-                tune = {lr: np.mean([value(task, method, lr, 100 + s) for s in range(ns.tune_seeds)]) for lr in LRS}
-                lr = max(LRS, key=lambda v: tune[v])  # ties: the first (smaller) lr
-                vals = np.array([value(task, method, lr, s) for s in range(REPORTED)])
-                m, h = t_interval(vals)
-                row[method] = {"lr": lr, "tuning": {str(k): float(v) for k, v in tune.items()}, "mean": m, "ci95": h}
-                row[method]["values"] = vals.tolist()
-            r, g = row["rtpo"], row["grpo"]
-            row["winner"] = "rtpo" if r["mean"] > g["mean"] else "grpo"
-            row["clear"] = bool(abs(r["mean"] - g["mean"]) > r["ci95"] + g["ci95"])
-            for name in ("summed", "bottleneck"):
-                idx = row[name]
-                row[f"{name}_call"] = None if not np.isfinite(idx) else ("rtpo" if idx > 1 else "grpo")
+        for i in range(len(rows), ns.families):
+            row = family_row(i, ns.tune_seeds)
             rows.append(row)
+            loads.append(list(os.getloadavg()))
+            data = payload(rows, ns.tune_seeds, ns.families, wall0 + time.perf_counter() - t0, loads)
+            out.write_text(json.dumps(data, indent=2) + "\n")  # after every family: a stopped run keeps them
+            r, g = row["rtpo"], row["grpo"]
             print(
-                f"family {i} {task['kind']} K={task['num_turns']}: rtpo {r['mean']:.3f}±{r['ci95']:.3f} "
+                f"family {i} {row['task']['kind']} K={row['task']['num_turns']}: rtpo {r['mean']:.3f}±{r['ci95']:.3f} "
                 f"grpo {g['mean']:.3f}±{g['ci95']:.3f} ({'clear' if row['clear'] else 'close'}); "
                 f"summed {row['summed']:.3g} bottleneck {row['bottleneck']:.3g}",
                 flush=True,
             )
-    summary = summarise(rows)
-    out = {
-        "command": f"python bench/bench_regime.py --families {ns.families} --tune-seeds {ns.tune_seeds}",
-        "calibration": calibrate(rows),
-        "protocol": {
-            "families": ns.families,
-            "rollouts": ROLLOUTS,
-            "lrs": list(LRS),
-            "tune_seeds": ns.tune_seeds,
-            "reported_seeds": REPORTED,
-            "G_rtpo": G_RTPO,
-            "G_grpo": G_GRPO,
-        },
-        "summary": summary,
-        "rows": rows,
-        "wall_s": time.perf_counter() - t0,
-        "loadavg_before": list(load0),
-        "loadavg_after": list(os.getloadavg()),
-    }
-    Path(ns.out).write_text(json.dumps(out, indent=2) + "\n")
-    for k, v in summary.items():
+    for k, v in summarise(rows).items():
         print(f"{k}: {v['hits']}/{v['families']} (Wilson 95% {v['wilson95']})")
 
 

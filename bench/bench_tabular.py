@@ -1,12 +1,17 @@
-"""Tabular RTPO/GRPO iterations per second: rtpo's columnar path, its per-episode path and a straight
-numpy reference of the same iteration, all measured in the same run; writes bench/tabular.json.
+"""Tabular RTPO/GRPO iterations per second at the sizes users run: rtpo's columnar path, its per-episode
+path and a straight numpy reference of the same iteration, all measured in the same run, at every size;
+writes bench/tabular.json.
 
-    python bench/bench_tabular.py [--repeats 9] [--queries 256]
+    python bench/bench_tabular.py [--repeats 15] [--sizes default,k6_q64,k8_q256,s32768]
 
-Settings (the default scenario grown to the issue's size): K = 8 turns, A = 4, 256 queries, G = 8,
-2 PPO epochs, Adam lr 0.3, ε = 0.2, on tool_chain (Bernoulli reward at the end) and region_chain (w = 0.8,
-deterministic reward).  RTPO: one trunk per query, G − 1 siblings at each of its K boundaries; GRPO: G
-trajectories per query, one flattened update.
+Sizes (A = 4, G = 8, 2 PPO epochs, Adam lr 0.3, ε = 0.2, as scenarios/tabular/default.yaml):
+  default  the default scenario (`rtpo run` with no argument): tool_chain, K = 4, 32 queries;
+  k6_q64   tool_chain, K = 6, 64 queries;
+  k8_q256  tool_chain and region_chain (w = 0.8, deterministic reward), K = 8, 256 queries;
+  s32768   a sparse random MDP with 32,768 states per turn (K = 8, 4 successors, dense rewards), 256
+           queries: a table of 2²⁰ cells, where the per-phase work that grows with the table shows.
+RTPO: one trunk per query, G − 1 siblings at each of its K boundaries; GRPO: G trajectories per query,
+one flattened update.
 
 The reference (`Reference` below) is the same algorithm written directly in numpy, with nothing of
 rtpo's: a softmax table, sampling by inverse CDF over all live rows at once, the environment's arrays
@@ -19,11 +24,20 @@ difference; tests/test_bench_tabular.py checks it).
 Timings are minimums over `repeats` rounds; each round runs one iteration of every path in alternating
 order (A B C, C B A, ...) on its own copy of the stack, so ratios compare the same minutes of the same
 machine.  Wall-clock ratios, and the same ratios in process CPU time (`cpu_*`, less sensitive to other
-jobs on a shared machine); the JSON records the load average before and after.
+jobs on a shared machine); the JSON records the load average before and after, and `reportable`: the
+load stayed at or below 4 (2 cores shared with other jobs otherwise distort the ratios).
 
-rtpo's sampler evaluates the policy table once per weight sync and then gathers rows from it (a choice
-any implementation could make); the reference evaluates the softmax of the live rows at every turn, the
-straightforward way.
+The goal (issue 31) is columnar_over_reference ≤ 1.0 at every size; each row says whether it is met and,
+where not, by how much the columnar path is slower (`over_goal_by`, a fraction of the reference's time).
+
+The per-phase fixed cost: an iteration with one query (one trunk, G − 1 siblings per turn: almost no
+samples) divided by its phases (RTPO: K, the trunk rollout counted in; GRPO: 1), for the columnar path
+and the reference, timed the same interleaved way on stacks of their own.
+
+rtpo's sampler evaluates the policy table once per weight sync (then only the turn a phase trained) and
+gathers rows from it (a choice any implementation could make); the reference evaluates the softmax of the
+live rows at every turn, the straightforward way, and its gradient and Adam step touch only the trained
+turns' tables.
 """
 
 from __future__ import annotations
@@ -40,18 +54,39 @@ import torch
 
 from rtpo.core import RunContext, methods
 from rtpo.tabular import SoftmaxTable, TabularEnv, TabularLearner, TabularSampler, TurnMDP, tool_chain
-from rtpo.tabular.generators import region_chain
+from rtpo.tabular.generators import random_mdp, region_chain
 
 HERE = Path(__file__).resolve().parent
 K, A, Q, G, EPOCHS, LR = 8, 4, 256, 8, 2, 0.3
 CLIP, LOG_RATIO_CLIP = 0.2, 10.0
 BETA1, BETA2, ADAM_EPS = 0.9, 0.999, 1e-8  # torch.optim.Adam's defaults
+GOAL = 1.0  # issue 31: the columnar iteration at most the reference's time
+BIG_STATES = 32_768
 
 
-def scenarios() -> dict[str, TurnMDP]:
+def scenarios(num_turns: int = K) -> dict[str, TurnMDP]:
     return {
-        "tool_chain": tool_chain(num_turns=K, num_actions=A, p_advance=0.8, seed=0),
-        "region_chain": region_chain(num_turns=K, num_actions=A, p_advance=0.8, seed=0, w=0.8),
+        "tool_chain": tool_chain(num_turns=num_turns, num_actions=A, p_advance=0.8, seed=0),
+        "region_chain": region_chain(num_turns=num_turns, num_actions=A, p_advance=0.8, seed=0, w=0.8),
+    }
+
+
+def sparse_random(num_states: int = BIG_STATES, num_turns: int = K) -> TurnMDP:
+    """A random MDP with `num_states` states per turn, 4 successors per (s, a), identity ψ."""
+    return random_mdp(0, num_turns=num_turns, num_states=num_states, num_actions=A, branching=4)
+
+
+def sizes() -> dict[str, tuple[int, int, dict]]:
+    """name -> (K, queries, {scenario: builder}) for every size the bench runs (module docstring)."""
+    return {
+        "default": (4, 32, {"tool_chain": lambda: scenarios(4)["tool_chain"]}),
+        "k6_q64": (6, 64, {"tool_chain": lambda: scenarios(6)["tool_chain"]}),
+        "k8_q256": (
+            8,
+            256,
+            {"tool_chain": lambda: scenarios(8)["tool_chain"], "region_chain": lambda: scenarios(8)["region_chain"]},
+        ),
+        "s32768": (8, 256, {"random_sparse": sparse_random}),
     }
 
 
@@ -103,9 +138,10 @@ class Reference:
         return a.reshape(-1), np.take_along_axis(lp, a, axis=1).reshape(-1)
 
     def episodes(self, turn: np.ndarray, state: np.ndarray, n: int, rng) -> dict[str, np.ndarray]:
-        """Run B episodes (n of them per start at the first step) to the end under the sampler's θ;
-        returns the rows (episode, turn, context, action, logp) and each episode's return."""
-        theta = self.sampler_theta
+        """Run B episodes (n of them per start at the first step) to the end under the current θ (the
+        sampler's: a phase samples everything before it updates, so no copy is needed); returns the rows
+        (episode, turn, context, action, logp) and each episode's return."""
+        theta = self.theta
         ep = np.arange(turn.size * n)
         rows = {key: [] for key in ("ep", "turn", "ctx", "a", "logp", "state")}
         ret = np.zeros(ep.size)
@@ -143,7 +179,7 @@ class Reference:
     def update(self, turn, ctx, a, old_logp, adv, rng, num_groups: int) -> None:
         """EPOCHS full-batch steps of the clipped loss −mean_i min(ρ_i A_i, clip(ρ_i) A_i) (one token per
         row, so RTPO's mean of per-sibling token means and GRPO's token mean coincide), Adam per turn."""
-        touched = np.unique(turn)
+        touched, slot = np.unique(turn, return_inverse=True)  # the gradient of the trained turns only
         onehot = np.eye(self.theta.shape[-1])[a]
         for _ in range(EPOCHS):
             rng.permutation(num_groups)  # the minibatch shuffle (one full batch; kept for the stream)
@@ -154,18 +190,17 @@ class Reference:
             inside = (ratio >= 1 - CLIP) & (ratio <= 1 + CLIP)
             passes = (inside | (ratio * adv < np.clip(ratio, 1 - CLIP, 1 + CLIP) * adv)) & (np.abs(d) <= LOG_RATIO_CLIP)
             g_logp = -(adv * ratio * passes) / turn.size
-            grad = np.zeros_like(self.theta)
-            np.add.at(grad, (turn, ctx), g_logp[:, None] * (onehot - np.exp(lp)))
-            for k in touched:  # torch.optim.Adam, single-tensor form
+            grad = np.zeros((touched.size, *self.theta.shape[1:]))
+            np.add.at(grad, (slot, ctx), g_logp[:, None] * (onehot - np.exp(lp)))
+            for i, k in enumerate(touched):  # torch.optim.Adam, single-tensor form
                 self.steps[k] += 1
                 t = self.steps[k]
-                self.m[k] += (grad[k] - self.m[k]) * (1 - BETA1)
-                self.v[k] = self.v[k] * BETA2 + (1 - BETA2) * (grad[k] * grad[k])
+                self.m[k] += (grad[i] - self.m[k]) * (1 - BETA1)
+                self.v[k] = self.v[k] * BETA2 + (1 - BETA2) * (grad[i] * grad[i])
                 denom = np.sqrt(self.v[k]) / (1 - BETA2**t) ** 0.5 + ADAM_EPS
                 self.theta[k] += -(self.lr / (1 - BETA1**t)) * (self.m[k] / denom)
 
     def iteration(self, queries: int, rng) -> None:
-        self.sampler_theta = self.theta.copy()
         if self.method == "grpo":
             s0 = np.minimum(np.searchsorted(self.init_cdf, rng.random(queries * G), side="right"), self.num_init - 1)
             rows = self.episodes(np.zeros(s0.size, np.int64), s0, 1, rng)
@@ -181,7 +216,6 @@ class Reference:
         t_turn, t_state = trunk["turn"][order], trunk["state"][order]
         n = G - 1
         for k in range(self.K - 1, -1, -1):
-            self.sampler_theta = self.theta.copy()
             states = t_state[t_turn == k]
             if states.size == 0:
                 continue
@@ -219,62 +253,108 @@ def reference_stack(mdp: TurnMDP, method: str, seed: int = 0, init_scale: float 
     return Reference(mdp, policy.init_params(rng), method), rng
 
 
+def _interleaved(jobs: dict, repeats: int) -> tuple[dict, dict]:
+    """Minimum wall and process-CPU seconds of each job over `repeats` rounds, alternating the order."""
+    best = dict.fromkeys(jobs, float("inf"))
+    cpu = dict.fromkeys(jobs, float("inf"))
+    names = list(jobs)
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            t0, c0 = time.perf_counter(), time.process_time()
+            jobs[name]()
+            best[name] = min(best[name], time.perf_counter() - t0)
+            cpu[name] = min(cpu[name], time.process_time() - c0)
+    return best, cpu
+
+
+def measure(size: str, scen: str, mdp: TurnMDP, method: str, queries: int, repeats: int) -> dict:
+    """One row: the three paths at `queries` queries, then the per-phase fixed cost at one query."""
+    col_ctx, col_m, _ = rtpo_stack(mdp, method, columnar=True)
+    epi_ctx, epi_m, _ = rtpo_stack(mdp, method, columnar=False)
+    ref, ref_rng = reference_stack(mdp, method)
+    best, cpu = _interleaved(
+        {
+            "columnar": lambda: rtpo_iteration(col_ctx, col_m, queries),
+            "per_episode": lambda: rtpo_iteration(epi_ctx, epi_m, queries),
+            "reference": lambda: ref.iteration(queries, ref_rng),
+        },
+        repeats,
+    )
+    # every stack ran the same number of iterations from the same seed
+    col_w, epi_w = col_ctx.learner.weights(), epi_ctx.learner.weights()
+    one_ctx, one_m, _ = rtpo_stack(mdp, method, columnar=True)
+    one_ref, one_rng = reference_stack(mdp, method)
+    one, _ = _interleaved(
+        {"columnar": lambda: rtpo_iteration(one_ctx, one_m, 1), "reference": lambda: one_ref.iteration(1, one_rng)},
+        repeats,
+    )
+    phases = mdp.num_turns if method != "grpo" else 1
+    ratio = best["columnar"] / best["reference"]
+    return {
+        "size": size,
+        "scenario": scen,
+        "method": method,
+        "key": f"{size}/{scen}/{method}",
+        "num_turns": mdp.num_turns,
+        "states_per_turn": int(max(mdp.num_states)),
+        "table_cells": int(mdp.num_turns * mdp.num_contexts * mdp.num_actions),
+        "queries": queries,
+        "iterations": repeats,
+        "columnar_s": best["columnar"],
+        "per_episode_s": best["per_episode"],
+        "reference_s": best["reference"],
+        "columnar_iter_per_s": 1.0 / best["columnar"],
+        "per_episode_iter_per_s": 1.0 / best["per_episode"],
+        "reference_iter_per_s": 1.0 / best["reference"],
+        "columnar_over_reference": ratio,
+        "per_episode_over_reference": best["per_episode"] / best["reference"],
+        "speedup_columnar_over_per_episode": best["per_episode"] / best["columnar"],
+        "cpu_columnar_over_reference": cpu["columnar"] / cpu["reference"],
+        "cpu_per_episode_over_reference": cpu["per_episode"] / cpu["reference"],
+        "goal_columnar_over_reference_at_most": GOAL,
+        "goal_met": bool(ratio <= GOAL),
+        "over_goal_by": max(0.0, ratio / GOAL - 1.0),
+        "fixed_cost_per_phase_us": one["columnar"] / phases * 1e6,
+        "reference_fixed_cost_per_phase_us": one["reference"] / phases * 1e6,
+        "fixed_cost_over_reference": one["columnar"] / one["reference"],
+        "max_abs_param_diff_columnar_vs_per_episode": float(np.abs(col_w - epi_w).max()),
+        "max_abs_param_diff_columnar_vs_reference": float(np.abs(col_w - ref.theta).max()),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--queries", type=int, default=Q)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--sizes", default=",".join(sizes()), help="comma-separated: " + ", ".join(sizes()))
     ap.add_argument("--out", type=Path, default=HERE / "tabular.json")
     args = ap.parse_args()
+    chosen = args.sizes.split(",")
+    unknown = sorted(set(chosen) - set(sizes()))
+    if unknown:
+        raise SystemExit(f"unknown size(s) {unknown}; valid: {', '.join(sizes())}")
     load_before = os.getloadavg()
     rows = []
-    for scen, mdp in scenarios().items():
-        for method in ("rtpo", "grpo"):
-            col_ctx, col_m, _ = rtpo_stack(mdp, method, columnar=True)
-            epi_ctx, epi_m, _ = rtpo_stack(mdp, method, columnar=False)
-            ref, ref_rng = reference_stack(mdp, method)
-            jobs = {
-                "columnar": lambda c=col_ctx, m=col_m: rtpo_iteration(c, m, args.queries),
-                "per_episode": lambda c=epi_ctx, m=epi_m: rtpo_iteration(c, m, args.queries),
-                "reference": lambda r=ref, g=ref_rng: r.iteration(args.queries, g),
-            }
-            best = dict.fromkeys(jobs, float("inf"))
-            cpu = dict.fromkeys(jobs, float("inf"))
-            names = list(jobs)
-            for r in range(args.repeats):
-                for name in names if r % 2 == 0 else names[::-1]:
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    jobs[name]()
-                    best[name] = min(best[name], time.perf_counter() - t0)
-                    cpu[name] = min(cpu[name], time.process_time() - c0)
-            # every stack ran the same number of iterations from the same seed
-            col_w, epi_w = col_ctx.learner.weights(), epi_ctx.learner.weights()
-            row = {
-                "scenario": scen,
-                "method": method,
-                "key": f"{scen}/{method}",
-                "iterations": args.repeats,
-                "columnar_s": best["columnar"],
-                "per_episode_s": best["per_episode"],
-                "reference_s": best["reference"],
-                "columnar_iter_per_s": 1.0 / best["columnar"],
-                "per_episode_iter_per_s": 1.0 / best["per_episode"],
-                "reference_iter_per_s": 1.0 / best["reference"],
-                "columnar_over_reference": best["columnar"] / best["reference"],
-                "per_episode_over_reference": best["per_episode"] / best["reference"],
-                "speedup_columnar_over_per_episode": best["per_episode"] / best["columnar"],
-                "cpu_columnar_over_reference": cpu["columnar"] / cpu["reference"],
-                "cpu_per_episode_over_reference": cpu["per_episode"] / cpu["reference"],
-                "max_abs_param_diff_columnar_vs_per_episode": float(np.abs(col_w - epi_w).max()),
-                "max_abs_param_diff_columnar_vs_reference": float(np.abs(col_w - ref.theta).max()),
-            }
-            rows.append(row)
-            print(json.dumps(row))
+    for size in chosen:
+        num_turns, queries, builders = sizes()[size]
+        for scen, build in builders.items():
+            mdp = build()
+            for method in ("rtpo", "grpo"):
+                row = measure(size, scen, mdp, method, queries, args.repeats)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    load_after = os.getloadavg()
     out = {
-        "command": "python bench/bench_tabular.py",
-        "settings": {"num_turns": K, "num_actions": A, "queries": args.queries, "G": G, "epochs": EPOCHS, "lr": LR},
+        "command": "python bench/bench_tabular.py"
+        + ("" if args.repeats == 15 else f" --repeats {args.repeats}")
+        + ("" if chosen == list(sizes()) else f" --sizes {args.sizes}"),
+        "settings": {"num_actions": A, "G": G, "epochs": EPOCHS, "lr": LR, "clip_eps": CLIP},
+        "sizes": {name: {"num_turns": k, "queries": q, "scenarios": list(b)} for name, (k, q, b) in sizes().items()},
         "repeats": args.repeats,
+        "goal": f"columnar_over_reference <= {GOAL} at every size (issue 31)",
+        "goal_met_everywhere": all(r["goal_met"] for r in rows),
         "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
+        "loadavg_after": load_after,
+        "reportable": max(load_before[0], load_after[0]) <= 4.0,
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "numpy": np.__version__,

@@ -6,7 +6,7 @@ path of the value inside it:
     [7.2 ms](bench/results.json "benchmarks[name=test_bench_solve_sparse_1e5_states].stats.min")
 
 The link text is the value rendered with the unit after the number: `ms` (×1e3), `µs` (×1e6), `k` or
-`k/s` (÷1e3), `M/s` (÷1e6), `%` (×100), `kB` (÷1e3), `MB` (÷1e6), `GB/s` and `GB` (÷1e9); anything else (`×`, `s`, none) takes the
+`k/s` (÷1e3), `M/s` (÷1e6), `%` (×100), `kB` (÷1e3), `MB` (÷1e6), `GB/s`, `GB` and `GFLOP/s` (÷1e9); anything else (`×`, `s`, none) takes the
 value as it is.  The number of decimals written is the precision the figure claims.
 
     python bench/figures.py            # check every figure (exit 1 and list the stale ones)
@@ -47,6 +47,7 @@ SCALE = {
     "MB": 1e-6,
     "GB/s": 1e-9,
     "GB": 1e-9,
+    "GFLOP/s": 1e-9,
 }
 STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\[([^\]]+=[^\]]*)\]")
 

@@ -32,8 +32,8 @@ def _bench():
 bt = _bench()
 
 
-def _both(scenario: str, method: str, iterations: int = 3, queries: int = 24, mutate=None):
-    mdp = bt.scenarios()[scenario]
+def _both(scenario: str, method: str, iterations: int = 3, queries: int = 24, mutate=None, num_turns: int = bt.K):
+    mdp = bt.sparse_random(64, num_turns) if scenario == "random_sparse" else bt.scenarios(num_turns)[scenario]
     ctx, m, _ = bt.rtpo_stack(mdp, method, columnar=True, init_scale=0.5)
     ref, rng = bt.reference_stack(mdp, method, init_scale=0.5)
     if mutate is not None:
@@ -45,9 +45,13 @@ def _both(scenario: str, method: str, iterations: int = 3, queries: int = 24, mu
 
 
 @pytest.mark.parametrize("method", ["rtpo", "grpo"])
-@pytest.mark.parametrize("scenario", ["tool_chain", "region_chain"])
-def test_reference_iteration_equals_rtpo_parameters(scenario, method):
-    ours, ref = _both(scenario, method)
+@pytest.mark.parametrize(
+    ("scenario", "num_turns"), [("tool_chain", 8), ("region_chain", 8), ("tool_chain", 4), ("random_sparse", 8)]
+)
+def test_reference_iteration_equals_rtpo_parameters(scenario, num_turns, method):
+    """At every size's kind of MDP (the default scenario's K = 4; the big size's sparse random MDP with
+    dense rewards, here at 64 states per turn)."""
+    ours, ref = _both(scenario, method, num_turns=num_turns)
     assert np.abs(ours).max() > 0.5  # trained away from the start, so agreement is not trivial
     np.testing.assert_allclose(ref, ours, rtol=0, atol=1e-9)
 
@@ -77,8 +81,17 @@ def test_committed_json_is_consistent():
     data = json.loads((ROOT / "bench" / "tabular.json").read_text())
     assert data["command"].startswith("python bench/bench_tabular.py")
     keys = {r["key"] for r in data["rows"]}
-    assert keys == {"tool_chain/rtpo", "tool_chain/grpo", "region_chain/rtpo", "region_chain/grpo"}
+    want = {
+        f"{size}/{scen}/{method}"
+        for size, (_, _, builders) in bt.sizes().items()
+        for scen in builders
+        for method in ("rtpo", "grpo")
+    }
+    assert keys == want, "the committed JSON must hold every size the bench runs"
+    assert data["reportable"] == (max(data["loadavg_before"][0], data["loadavg_after"][0]) <= 4.0)
     for r in data["rows"]:
+        assert r["goal_met"] == (r["columnar_over_reference"] <= 1.0)
+        assert abs(r["over_goal_by"] - max(0.0, r["columnar_over_reference"] - 1.0)) < 1e-12
         for path in ("columnar", "per_episode", "reference"):
             assert r[f"{path}_s"] > 0 and abs(r[f"{path}_iter_per_s"] * r[f"{path}_s"] - 1) < 1e-9
         assert abs(r["columnar_over_reference"] - r["columnar_s"] / r["reference_s"]) < 1e-9

@@ -165,15 +165,60 @@ def test_the_bottleneck_index_is_the_benchmarks():
 
 def test_solve_prints_the_call_only_where_calibrated(capsys):
     """`rtpo solve` on the Bernoulli chain at K = 8 with RTPO G = 3: deep in the GRPO band, a call with its
-    held-out confidence; at K = 3 the index lies between the bands, and the scenario's own G = 6 is off the
-    calibrated protocol: no call."""
+    held-out confidence; region_chain at K = 6 (index 0.77) lies between the bands, and the chain's own
+    G = 6 is off the calibrated protocol: no call."""
     from rtpo.commands import cli
 
-    path = str(ROOT / "scenarios" / "tabular" / "search_long.yaml")
+    chain = str(ROOT / "scenarios" / "tabular" / "search_long.yaml")
+    region = str(ROOT / "scenarios" / "tabular" / "region_chain.yaml")
     outs = []
-    for extra in (["method.G=3"], ["method.G=3", "task.num_turns=3"], []):
+    for path, extra in (
+        (chain, ["method.G=3"]),
+        (region, ["method.G=3", "task.num_turns=6", "task.num_actions=3"]),
+        (chain, []),
+    ):
         assert cli.main(["solve", path, *extra]) == 0
         outs.append(capsys.readouterr().out.strip().splitlines()[-1])
     assert outs[0].startswith("call: GRPO ahead") and "held-out families" in outs[0], outs[0]
     assert outs[1].startswith("no call") and "between the calibrated bands" in outs[1], outs[1]
     assert outs[2].startswith("no call") and "has G = 6" in outs[2], outs[2]
+
+
+def test_a_stopped_benchmark_keeps_its_finished_families_and_resume_runs_only_the_rest(tmp_path, monkeypatch):
+    """The JSON is rewritten after every family (its command names the families it holds), and --resume
+    runs only the families that JSON lacks, ending where an uninterrupted run ends.  Mutants: writing the
+    JSON only at the end (nothing survives the stop: red), --resume ignoring the kept rows (family 0 and 1
+    run again: red)."""
+    calls: list[tuple[int, str, float, int]] = []
+    stop_at = {"family": 2}
+
+    def fake_value(task, method, lr, seed):
+        family = next(i for i in range(8) if bench_regime.family_section(i) == task)
+        if family == stop_at["family"]:
+            raise KeyboardInterrupt
+        calls.append((family, method, lr, seed))
+        return 0.5 + 0.01 * seed + 0.1 * (method == "grpo") * (family % 2) - 0.05 * lr
+
+    monkeypatch.setattr(bench_regime, "value", fake_value)
+    monkeypatch.setattr(bench_regime, "predictors", lambda task: {"summed": 0.5, "bottleneck": 0.3})
+    out = tmp_path / "regime.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench_regime.main(["--families", "3", "--tune-seeds", "2", "--out", str(out)])
+    kept = json.loads(out.read_text())
+    assert [r["family"] for r in kept["rows"]] == [0, 1], "the two finished families were not kept"
+    assert kept["command"] == "python bench/bench_regime.py --families 2 --tune-seeds 2"
+    assert kept["families_requested"] == 3 and kept["protocol"]["families"] == 2
+
+    stop_at["family"] = None
+    calls.clear()
+    bench_regime.main(["--families", "3", "--tune-seeds", "2", "--out", str(out), "--resume"])
+    per_family = 2 * (len(bench_regime.LRS) * 2 + bench_regime.REPORTED)
+    assert {c[0] for c in calls} == {2} and len(calls) == per_family, "resume re-ran finished families"
+    resumed = json.loads(out.read_text())
+    fresh = tmp_path / "fresh.json"
+    bench_regime.main(["--families", "3", "--tune-seeds", "2", "--out", str(fresh)])
+    fresh_rows = json.loads(fresh.read_text())
+    for key in ("command", "rows", "summary", "calibration", "protocol"):
+        assert resumed[key] == fresh_rows[key], f"the resumed run's {key} differs from an uninterrupted run's"
+    with pytest.raises(SystemExit, match="another protocol"):
+        bench_regime.main(["--families", "4", "--tune-seeds", "4", "--out", str(out), "--resume"])

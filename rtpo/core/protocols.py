@@ -105,6 +105,16 @@ class EpisodeRunner(Protocol):
 
 
 @runtime_checkable
+class IncrementalSync(Protocol):
+    """A Sampler that takes the weights from its learner itself (RunContext.sync), copying only what changed
+    since its last sync from that learner (rtpo.tabular's sampler: the turns a phase trained); it must end
+    holding exactly the weights `load_weights(learner.weights())` would give it."""
+
+    def load_from(self, learner: Any) -> None:
+        """Hold `learner`'s current weights (the sync of Algorithm 1 step 2.1)."""
+
+
+@runtime_checkable
 class ReferenceLogprobs(Protocol):
     """A Learner that also evaluates its KL reference policy (the initial weights): what a KL penalty in the
     reward reads (rtpo.core.kl_reward)."""

@@ -17,7 +17,11 @@ over the tree (Eq. 20 with the model's policy) then gives the exact value
     V^π = Σ_{s_0} init(s_0) V(root(s_0)).
 
 Contexts are scored in batches (`batch_tokens` padded tokens per forward pass, the pairs of one context
-together); identical contexts (a map that forgets history) are scored once.  `count_nodes` counts the
+together); identical contexts (a map that forgets history) are scored once.  A context is run through
+the model once: its KV cache is repeated for the A actions, which then run only their own tokens, so a
+batch costs n·|c| + n·A·|x| token positions instead of n·A·(|c| + |x|) (the scores are the same as full
+rows c ⊕ x_a, which `logprob_tensor` still builds for gradients; tests/llm/test_worlds_exact.py checks
+the two agree).  `count_nodes` counts the
 tree from the MDP's arrays alone, before any token is built, so a world too large to enumerate is
 refused cheaply (ExactLimitError names the config key that raises the limit).
 """
@@ -302,7 +306,51 @@ class ExactEvaluator:
         return self._score_tensor(list(contexts), r_max)
 
     def _score(self, ctxs: list[np.ndarray], x_len: np.ndarray, r_max: int) -> np.ndarray:
-        return self._score_tensor(ctxs, r_max).double().numpy()
+        """(len(ctxs), A) log π(a | c) with each context run once (module docstring): the contexts
+        left-padded to a common end with a KV cache, the last position's logits predicting every action's
+        first token, then the cache repeated A times and each action's tokens but its last fed after it."""
+        import torch
+
+        A = len(self.actions)
+        n = len(ctxs)
+        wc = max(c.size for c in ctxs)
+        ids = np.full((n, wc), self.pad_id, np.int64)
+        att = np.zeros((n, wc), np.int64)
+        for i, c in enumerate(ctxs):
+            ids[i, wc - c.size :] = c
+            att[i, wc - c.size :] = 1
+        attention = torch.as_tensor(att)
+        position = (attention.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=torch.as_tensor(ids),
+            attention_mask=attention,
+            position_ids=position,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        first = out.logits[:, -1:].repeat_interleave(A, 0)  # (n·A, 1, V): predicts token 0 of each action
+        tgt = np.zeros((n * A, r_max), np.int64)
+        mask = np.zeros((n * A, r_max), bool)
+        for a, x in enumerate(self.actions):
+            tgt[a::A, : x.size] = x
+            mask[a::A, : x.size] = True
+        if r_max > 1:
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(A)  # row i·A + a continues context i with action a
+            feed = torch.as_tensor(np.where(mask[:, :-1], tgt[:, :-1], self.pad_id))
+            cont_att = torch.cat(
+                [attention.repeat_interleave(A, 0), torch.as_tensor(mask[:, :-1], dtype=torch.long)], 1
+            )
+            cont_pos = position[:, -1:].repeat_interleave(A, 0) + torch.arange(1, r_max)
+            rest = self.model(
+                input_ids=feed, attention_mask=cont_att, position_ids=cont_pos, past_key_values=cache, use_cache=False
+            ).logits  # position t predicts action token t + 1
+            pred = torch.cat([first, rest], 1)
+        else:
+            pred = first
+        lp = sampling_logprobs(pred, torch.as_tensor(tgt), self.temperature, self.top_p)
+        lp = torch.where(torch.as_tensor(mask), lp, 0.0)
+        return lp.sum(-1).reshape(n, A).double().numpy()
 
     def _score_tensor(self, ctxs: list[np.ndarray], r_max: int) -> Any:
         """Left-padded rows c ⊕ x_a, each action's tokens at the last positions (its tail padded after)."""
@@ -327,9 +375,12 @@ class ExactEvaluator:
         input_ids = torch.as_tensor(ids)
         attention = torch.as_tensor(att)
         position = (attention.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position).logits
-        # position width - r_max - 1 + t predicts action token t
-        pred = logits[:, width - r_max - 1 : width - 1]
+        logits = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=position, logits_to_keep=r_max + 1
+        ).logits
+        # the kept positions are width - r_max - 1 .. width - 1; position width - r_max - 1 + t predicts
+        # action token t
+        pred = logits[:, :r_max]
         lp = sampling_logprobs(pred, torch.as_tensor(tgt), self.temperature, self.top_p)
         lp = torch.where(torch.as_tensor(mask), lp, 0.0)
         return lp.sum(-1).reshape(n, A)

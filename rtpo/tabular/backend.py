@@ -161,10 +161,16 @@ class TabularSampler:
     """Sampler protocol: draws actions from the policy with the weights it was last given.
 
     Weights only change at a sync, so when the policy's (turn, context) table is small (at most
-    `table_limit` entries) the sampler evaluates log π_k(·|c) for every (k, c) once per load_weights,
-    with the same `policy.log_probs` the learner calls (row by row the same arithmetic, so the
-    log-probs stay bit-identical to the learner's), together with its cumulative distribution; a
-    turn's sampling is then a gather over the live rows instead of a policy evaluation.
+    `table_limit` entries) the sampler keeps log π_k(·|c) of every (k, c), computed with the same torch
+    log-softmax the learner runs (row by row the same arithmetic, so the log-probs stay bit-identical to
+    the learner's), together with its cumulative distribution; sampling is then a gather over the live
+    rows instead of a policy evaluation.
+
+    A sync changes only the turns whose weights changed (one per RTPO phase) and re-evaluates none of
+    them at once: until a changed turn's table is rebuilt its rows are evaluated as they are asked for
+    (the same arithmetic), and the turn's table is rebuilt once the rows asked for since the sync reach
+    its number of contexts — so the work after a sync is at most twice the smaller of the two (a phase
+    that samples 2,000 rows of a turn with 32,768 contexts evaluates 2,000 rows, not the table).
     """
 
     def __init__(self, policy: TabularPolicy, params: np.ndarray, table_limit: int | None = None) -> None:
@@ -173,26 +179,25 @@ class TabularSampler:
         self.load_weights(params)
 
     def load_weights(self, weights: np.ndarray) -> None:
-        """Take a copy of `weights`; rebuild the log-prob and cumulative tables of the turns they change.
+        """Take a copy of `weights`; the turns they change are re-evaluated when next sampled (class doc).
 
         A turn-separable policy's turn k depends on weights[k] alone, so a sync after one RTPO phase
-        (which trains one turn) recomputes that turn's rows only; the rows are the same arithmetic as a
-        whole rebuild (`policy.log_prob_turn`), so the tables are bit-identical either way (tested)."""
+        (which trains one turn) changes that turn's rows only; the rows are the same arithmetic as a whole
+        rebuild (`policy.log_prob_turn`), so the log-probs are bit-identical either way (tested)."""
         previous = self._params if getattr(self, "_table", None) is not None else None
         self._params = torch.as_tensor(np.array(weights, dtype=np.float64, copy=True))
+        self._source = None  # weights from anywhere: the next load_from copies the learner's whole
         K, C, A = self.policy.num_turns, self.policy.num_contexts, self.policy.num_actions
         if K * C * A > self.table_limit:
             self._table = self._cdf = None
+            self.synced_turns = K
             return
         if previous is not None and self.policy.turn_separable and previous.shape == self._params.shape:
             old, new = previous.numpy(), self._params.numpy()
             changed = [k for k in range(K) if not np.array_equal(old[k], new[k])]
-            table, cdf = self._table.reshape(K, C, A), self._cdf.reshape(K, C, A)
-            with torch.no_grad():
-                for k in changed:
-                    table[k] = self.policy.log_prob_turn(self._params, k).numpy()
-                    np.cumsum(np.exp(table[k]), axis=-1, out=cdf[k])
-            self.rebuilt_turns = len(changed)
+            self._stale[changed] = True
+            self._asked[changed] = 0
+            self.synced_turns = len(changed)
             return
         with torch.no_grad():
             lp = self.policy.log_prob_table(self._params).numpy()
@@ -200,12 +205,87 @@ class TabularSampler:
         # index costs several times as much)
         self._table = np.ascontiguousarray(lp.reshape(K * C, A))
         self._cdf = np.cumsum(np.exp(self._table), axis=-1)
-        self.rebuilt_turns = K
+        self._stale = np.zeros(K, bool)  # turns whose table rows predate their weights
+        self._asked = np.zeros(K, np.int64)  # rows of each stale turn evaluated one by one since its sync
+        self.synced_turns = K
+
+    def load_from(self, learner: TabularLearner) -> None:
+        """The sync of RunContext.sync from a TabularLearner, in proportion to what changed: copy only the
+        turns the learner has changed (its turn_versions) since this sampler last took its weights — one
+        turn after an RTPO phase, where load_weights(learner.weights()) copies the whole table twice and
+        compares it — and mark them for re-evaluation (class doc).  Bit-identical to load_weights
+        (tests/test_sampler_sync.py).  The first sync from a learner, one after load_weights, and a
+        policy that is not turn-separable take load_weights(learner.weights())."""
+        versions = getattr(learner, "turn_versions", None)
+        token = getattr(learner, "sync_token", None)
+        source = getattr(self, "_source", None)
+        if versions is None or not self.policy.turn_separable or source is None or source[0] is not token:
+            self.load_weights(learner.weights())
+            if versions is not None and self.policy.turn_separable:
+                self._source = (token, versions.copy())
+            return
+        seen = source[1]
+        changed = np.flatnonzero(versions != seen)
+        with torch.no_grad():
+            for k in changed.tolist():
+                self._params[k].copy_(learner.turn_weights(k))
+        if self._table is not None:
+            self._stale[changed] = True
+            self._asked[changed] = 0
+        seen[changed] = versions[changed]
+        self.synced_turns = int(changed.size)
+
+    def _rebuild_turn(self, k: int) -> None:
+        C = self.policy.num_contexts
+        rows = slice(k * C, (k + 1) * C)
+        with torch.no_grad():
+            self._table[rows] = self.policy.log_prob_turn(self._params, k).numpy()
+        np.cumsum(np.exp(self._table[rows]), axis=-1, out=self._cdf[rows])
+        self._stale[k] = False
+
+    def tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (K·C, A) log-prob and cumulative tables with every turn up to date (None, None above
+        table_limit)."""
+        if self._table is not None:
+            for k in np.flatnonzero(self._stale).tolist():
+                self._rebuild_turn(k)
+        return self._table, self._cdf
+
+    def _table_rows(self, k: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(log π, its cumulative sum) of the rows (k[i], c[i]), (B, A) each, from the table; rows of a
+        stale turn are evaluated directly, or the turn is rebuilt first once its rows asked for since the
+        sync reach C."""
+        C = self.policy.num_contexts
+        cell = k * C + c
+        direct = None
+        if self._stale.any():
+            hit = self._stale[k]
+            if hit.any():
+                turns, counts = np.unique(k[hit], return_counts=True)
+                for t, n in zip(turns.tolist(), counts.tolist()):
+                    self._asked[t] += n
+                    if self._asked[t] >= C:
+                        self._rebuild_turn(t)
+                direct = np.flatnonzero(self._stale[k])
+        lp, cum = np.take(self._table, cell, axis=0), np.take(self._cdf, cell, axis=0)
+        if direct is not None and direct.size:
+            with torch.no_grad():
+                rows = self.policy.log_probs(
+                    self._params, torch.from_numpy(k[direct]), torch.from_numpy(c[direct])
+                ).numpy()
+            lp[direct] = rows
+            cum[direct] = np.cumsum(np.exp(rows), axis=-1)
+        return lp, cum
+
+    def current_weights(self) -> np.ndarray:
+        """A copy of the weights the sampler holds (they may lag the learner's between syncs)."""
+        return self._params.numpy().copy()
 
     def action_log_probs(self, contexts: Ragged) -> np.ndarray:
-        turn, ctx = _decode_contexts(contexts)
         if self._table is not None:
-            return np.take(self._table, turn.numpy() * self.policy.num_contexts + ctx.numpy(), axis=0)
+            k, c = _context_pairs(contexts)
+            return self._table_rows(k, c)[0]
+        turn, ctx = _decode_contexts(contexts)
         with torch.no_grad():
             return self.policy.log_probs(self._params, turn, ctx).numpy()
 
@@ -216,9 +296,7 @@ class TabularSampler:
 
     def generate(self, contexts: Ragged, turn: np.ndarray, n: int, rng: np.random.Generator) -> Generation:
         if self._table is not None:
-            k, c = _context_pairs(contexts)
-            cell = k * self.policy.num_contexts + c
-            lp, cum = np.take(self._table, cell, axis=0), np.take(self._cdf, cell, axis=0)  # (B, A) each
+            lp, cum = self._table_rows(*_context_pairs(contexts))  # (B, A) each
         else:
             lp = self.action_log_probs(contexts)  # (B, A)
             cum = np.cumsum(np.exp(lp), axis=1)
@@ -265,6 +343,11 @@ class TabularLearner:
         parts = list(p.unbind(0)) if policy.turn_separable else [p]
         self.parts = [torch.nn.Parameter(x.clone()) for x in parts]
         self.ref_params = p.clone()
+        # turn_versions[k]: bumped whenever parts[k] may change (an optimiser step with its gradient set, a
+        # load); with sync_token (this learner's identity) it lets TabularSampler.load_from copy and
+        # re-evaluate only the turns that changed since its last sync from this learner
+        self.turn_versions = np.zeros(len(self.parts), np.int64)
+        self.sync_token = object()
         # foreach=False: the single-tensor loop torch picks for CPU tensors anyway, named so that no step
         # re-derives it by inspecting every parameter
         if optimizer == "adam":
@@ -317,6 +400,9 @@ class TabularLearner:
     def _step(self, metrics: dict[str, float]) -> dict[str, float]:
         """The optimiser step, then the schedule's (metrics get the learning rate the step ran at)."""
         metrics["train/lr"] = float(self.opt.param_groups[0]["lr"])
+        for k, part in enumerate(self.parts):  # the optimisers skip a part whose gradient is None
+            if part.grad is not None:
+                self.turn_versions[k] += 1
         if self._adam:
             with torch.no_grad():
                 self._adam_step()
@@ -443,6 +529,10 @@ class TabularLearner:
             metrics["train/grad_norm"] = float(torch.sqrt(sum((g_**2).sum() for g_ in slot.values())))
         return self._step(metrics)
 
+    def turn_weights(self, k: int) -> torch.Tensor:
+        """Turn k's parameters (a turn-separable policy's θ[k]) as the learner holds them: a view, not a copy."""
+        return self.parts[k].detach()
+
     def weights(self) -> np.ndarray:
         with torch.no_grad():
             if self.policy.turn_separable:
@@ -462,6 +552,7 @@ class TabularLearner:
         with torch.no_grad():
             for part, x in zip(self.parts, w.unbind(0) if self.policy.turn_separable else [w]):
                 part.copy_(x)
+        self.turn_versions += 1  # every part was overwritten
         self.ref_params = torch.as_tensor(state["ref"]).clone()
         self.opt.load_state_dict(state["opt"])
         self.steps = int(state.get("steps", 0))  # a checkpoint from before schedules: a constant rate anyway

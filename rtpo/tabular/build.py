@@ -118,14 +118,6 @@ def make_policy(task: TabularTaskConfig, mdp: TurnMDP) -> TabularPolicy:
     return LogLinear(loglinear_features(mdp.num_turns, mdp.num_contexts, mdp.num_actions), task.init_scale)
 
 
-class _RecordingSampler(TabularSampler):
-    """TabularSampler that keeps a copy of the weights it was last given, for checkpoints."""
-
-    def load_weights(self, weights: np.ndarray) -> None:
-        super().load_weights(weights)
-        self.current = np.array(weights, dtype=np.float64, copy=True)
-
-
 def build(cfg: ScenarioConfig) -> BuiltBackend:
     mdp = build_mdp(cfg.task)
     return assemble(cfg, mdp, make_policy(cfg.task, mdp), TabularEnv(mdp))
@@ -139,7 +131,7 @@ def assemble(cfg: ScenarioConfig, mdp: TurnMDP, policy: TabularPolicy, env: Any)
     learner = TabularLearner(
         policy, params, lr=cfg.train.lr, optimizer=cfg.train.optimizer, lr_schedule=cfg.train.lr_schedule_config()
     )
-    sampler = _RecordingSampler(policy, params)
+    sampler = TabularSampler(policy, params)
     columnar = getattr(cfg.backend, "rollout_path", "columnar") == "columnar"
     ctx = RunContext(env=env, sampler=sampler, learner=learner, rng=rng, columnar=columnar)
     evaluator = TabularEvaluator(mdp, policy)
@@ -162,7 +154,7 @@ def assemble(cfg: ScenarioConfig, mdp: TurnMDP, policy: TabularPolicy, env: Any)
     return BuiltBackend(
         ctx=ctx,
         evaluate=lambda: evaluator(learner),
-        sampler_state=lambda: sampler.current.copy(),
+        sampler_state=sampler.current_weights,
         load_sampler_state=sampler.load_weights,
         num_queries=None,
         value_key="eval/value",

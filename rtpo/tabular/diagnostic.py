@@ -40,10 +40,10 @@ turn-k samples, so I_RTPO = (G−1) Σ_k p_k ρ²_R(k) / (1 + (G−1) Σ_k p_k).
 I_RTPO / I_GRPO: above 1, RTPO's rollouts carry more turn-level credit than GRPO's (σ_V²-rich tasks:
 region_chain); below 1, GRPO's K samples per rollout win (the Bernoulli tool chain, where σ_V² is a few
 percent of Var(R)).  It is a per-rollout statement about the initial policy's gradient signal, not a
-prediction of final values: summed over turns, one easy turn can dominate it.  On 24 generated families
+prediction of final values: summed over turns, one easy turn can dominate it.  On 37 generated families
 it was not built on (bench/bench_regime.py, docs/results.md §1d) it named the winner of every clear
-contest but was at chance on close ones, and overall did not beat the base rate of always naming GRPO;
-an independent check on four other families found it right twice.
+contest (17) and of 15 of 20 close ones, which is no better than the base rate of always naming GRPO
+(32 of 37); an independent check on four other families found it right twice.
 
 The call (`regime_call`, the last line `rtpo solve`/`compare` print) uses the per-turn *bottleneck*
 index instead (`bottleneck_index`: each method's rollouts per unit of turn-k information, summed over the
@@ -232,21 +232,21 @@ REGIME_CALIBRATION: dict = {
         {
             "call": "grpo",
             "lo": 0.0,
-            "hi": 0.2596,
-            "hits": 7,
-            "families": 7,
-            "wilson95": (0.6457, 1.0),
-            "clear": (6, 6),
-            "close": (1, 1),
+            "hi": 0.4429,
+            "hits": 14,
+            "families": 14,
+            "wilson95": (0.7847, 1.0),
+            "clear": (7, 7),
+            "close": (7, 7),
         },
         {
             "call": "rtpo",
             "lo": 1.0418,
             "hi": None,
-            "hits": 0,
-            "families": 1,
-            "wilson95": (0.0, 0.7935),
-            "clear": (0, 0),
+            "hits": 1,
+            "families": 2,
+            "wilson95": (0.0945, 0.9055),
+            "clear": (1, 1),
             "close": (0, 1),
         },
     ),

@@ -282,3 +282,28 @@ def test_exact_value_agrees_with_real_vllm_samples(tmp_path, chat_model_dir):
     m2 = policy_value(env.world, ev.tree, pi / pi.sum(axis=1, keepdims=True))  # mutant 2: malformed mass ignored
     for name, v in (("first token dropped", m1), ("malformed mass ignored", m2)):
         assert abs(ret.mean() - v) > half, f"mutant {name}: {v:.4f} is inside {ret.mean():.4f} ± {half:.4f}"
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_each_context_run_once_scores_as_full_rows(chat_model_dir, chat_tok, top_p):
+    """action_logprobs runs each context once and repeats its KV cache for the actions; the scores equal
+    those of full rows c ⊕ x_a (logprob_tensor, the gradient path), with contexts of different lengths in
+    one batch and actions of different lengths (one action shortened, so right-padding is exercised).
+    Mutants: the continuation's positions starting at the context's last position instead of one after
+    it, or the repeated cache not attending to the context's padding mask, fail it."""
+    import torch
+
+    from rtpo.llm.model import load_hf_model
+
+    env = WorldEnv(_world(tool_chain(num_turns=3, num_actions=3, seed=1)), chat_tok)
+    model = load_hf_model(chat_model_dir)
+    ev = ExactEvaluator(env, model, 0.8, top_p=top_p, batch_tokens=1 << 20)
+    ev.actions = [ev.actions[0], ev.actions[1][:-2], ev.actions[2]]
+    ctxs = ev.tree.contexts
+    assert len({c.size for c in ctxs}) > 1, "the test needs contexts of different lengths in one batch"
+    shared = ev.action_logprobs()
+    with torch.no_grad():
+        full = ev.logprob_tensor(ctxs).double().numpy()
+    finite = np.isfinite(full)
+    assert (finite == np.isfinite(shared)).all(), "a nucleus cut differs between the two scorings"
+    np.testing.assert_allclose(shared[finite], full[finite], rtol=1e-4, atol=1e-4)

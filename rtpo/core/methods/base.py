@@ -117,8 +117,13 @@ class RunContext:
     columnar: bool = True
 
     def sync(self) -> None:
-        """Push the learner's weights to the sampler (Algorithm 1 step 2.1)."""
-        self.sampler.load_weights(self.learner.weights())
+        """Push the learner's weights to the sampler (Algorithm 1 step 2.1).  A sampler that can read the
+        learner itself (an IncrementalSync, e.g. the tabular one: only the turns that changed) does."""
+        load_from = getattr(self.sampler, "load_from", None)  # the protocol's one method, as rollout asks
+        if load_from is not None:
+            load_from(self.learner)
+        else:
+            self.sampler.load_weights(self.learner.weights())
 
 
 @dataclass
